@@ -1,0 +1,1 @@
+"""The campaign: manifest, state machine, lineage, scoring, proposers, report and the CLI."""

@@ -1,0 +1,186 @@
+"""The harness's commands, thin over quick_test_bench and gate; `turbo-opt` mounts them too."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from harness.errors import UserError
+from harness.gate import METRICS, GateResult, compare
+from harness.quick_test_bench import BenchRun, execute_bench, prepare_bench, write_bench
+from harness.registry import get_spec
+from harness.rules import load_rules
+from harness.schema import PASS, read_summary
+from harness.shapes import load_shapes
+from harness.timing import INTERPRETER_NOTE, TIMING_MODES
+
+F = TypeVar("F", bound=Callable[..., object])
+
+# Wide enough for the tables when output goes to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True)
+
+
+def exit_on_user_error(fn: F) -> F:
+    """Turn a UserError into one plain line on stderr and exit status 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fmt(value: float, digits: int = 4) -> str:
+    """`digits` significant digits; CPU-interpreter rates are tiny and must not print as 0.0."""
+    return "nan" if math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.{digits}g}")
+
+
+def _geomean(values: list[float]) -> float:
+    good = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan
+
+
+def render_bench(run: BenchRun) -> Table:
+    schema, ours = run.schema, run.ours
+    baselines = [name for name in run.results if name != run.spec.runner.name]
+    unit = schema.metric
+    table = Table(title=f"{run.spec.name} ({run.shapes_source}, {run.timer.mode})", show_lines=False)
+    table.add_column("label", overflow="fold")
+    for dim in schema.dims:
+        table.add_column(dim, justify="right")
+    table.add_column("Check")
+    table.add_column(f"fwd {unit}", justify="right")
+    table.add_column(f"bwd {unit}", justify="right")
+    for name in schema.snr_columns:
+        table.add_column(name, justify="right")
+    for name in baselines:
+        table.add_column(f"{name} fwd", justify="right")
+        table.add_column(f"{name} bwd", justify="right")
+        table.add_column("fwd ratio", justify="right")
+        table.add_column("bwd ratio", justify="right")
+
+    ratios: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in baselines}
+    for i, result in enumerate(ours):
+        row = result.row(schema)
+        fwd, bwd = row[schema.fwd_metric], row[schema.bwd_metric]
+        check = f"[green]{PASS}[/green]" if result.check == PASS else f"[red]{result.check}[/red]"
+        cells = [result.shape.label, *(str(v) for v in result.dims.values()), check, _fmt(fwd), _fmt(bwd)]
+        cells += [_fmt(row[c], 3) for c in schema.snr_columns]
+        for name in baselines:
+            base_row = run.results[name][i].row(schema)
+            bf, bb = base_row[schema.fwd_metric], base_row[schema.bwd_metric]
+            rf, rb = fwd / bf if bf else math.nan, bwd / bb if bb else math.nan
+            if result.check == PASS:
+                ratios[name][0].append(rf)
+                ratios[name][1].append(rb)
+            cells += [_fmt(bf), _fmt(bb), f"{rf:.3f}x", f"{rb:.3f}x"]
+        table.add_row(*cells)
+    if baselines:
+        cells = ["geomean (PASS rows)", *[""] * (len(schema.dims) + 3 + len(schema.snr_columns))]
+        for name in baselines:
+            cells += ["", "", f"{_geomean(ratios[name][0]):.3f}x", f"{_geomean(ratios[name][1]):.3f}x"]
+        table.add_row(*cells, style="bold")
+    return table
+
+
+SHAPES_HELP = "A preset of the op (see `turbo-opt ops`) or a .yaml shape file."
+CSV_HELP = "Write the frozen-schema summary CSV (and its .meta.json sidecar) here."
+BASELINES_HELP = "Also check and time the op's baselines, with ratio columns."
+DTYPE_HELP = "Input dtype; auto = bf16 on a GPU, fp16 under the CPU interpreter."
+
+
+@exit_on_user_error
+def bench(
+    op: Annotated[str, typer.Option(help="Registered op to benchmark (see `turbo-opt ops`).")],
+    shapes: Annotated[str, typer.Option(help=SHAPES_HELP)] = "smoke",
+    summary_csv: Annotated[Path | None, typer.Option(help=CSV_HELP)] = None,
+    repeats: Annotated[int | None, typer.Option(help="Timed calls per measurement (default by timing mode).")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Untimed calls before timing (default by timing mode).")] = None,
+    compare_baselines: Annotated[bool, typer.Option(help=BASELINES_HELP)] = False,
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
+    timing: Annotated[str | None, typer.Option(help=f"One of {', '.join(TIMING_MODES)} (default by device).")] = None,
+    seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
+) -> None:
+    """Check every shape against the float64 reference by SNR and time forward and backward."""
+    spec = get_spec(op)
+    plan = prepare_bench(
+        spec, load_shapes(spec.shape_family, shapes), shapes_source=shapes, dtype=dtype, timing_mode=timing,
+        repeats=repeats, warmup=warmup, seed=seed, compare_baselines=compare_baselines,
+    )
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    ) as progress:
+        task = progress.add_task(f"bench {op}", total=len(plan.shapes))
+        run = execute_bench(plan, on_shape=lambda shape: progress.advance(task))
+    console.print(render_bench(run))
+    if run.timer.mode == "interpreter-wallclock":
+        console.print(f"[yellow]note:[/yellow] {INTERPRETER_NOTE}")
+    for result in run.ours:
+        if result.error:
+            console.print(f"[red]{result.shape.label}[/red]: {result.error}", highlight=False)
+    if summary_csv is not None:
+        for path in write_bench(run, summary_csv):
+            console.print(f"wrote {path}", highlight=False)
+    failed = sum(r.check != PASS for r in run.ours)
+    console.print(f"{len(run.ours) - failed} PASS, {failed} FAIL")
+    raise typer.Exit(0 if failed == 0 else 1)
+
+
+def render_gate(result: GateResult, base_name: str, cand_name: str) -> Table:
+    table = Table(title=f"gate: {result.metric} metric, max regression {result.max_regression_pct:g}%")
+    table.add_column("label", overflow="fold")
+    table.add_column(base_name, justify="right")
+    table.add_column(cand_name, justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("checks")
+    floor = 1.0 - result.max_regression_pct / 100.0
+    for s in result.shapes:
+        ratio = f"{s.ratio:.3f}x"
+        if s.comparable and s.ratio < floor:
+            ratio = f"[red]{ratio}[/red]"
+        table.add_row(s.label, _fmt(s.base), _fmt(s.cand), ratio, f"{s.base_check} -> {s.cand_check}")
+    return table
+
+
+METRIC_HELP = f"One of {', '.join(METRICS)} (step = fwd+bwd work over fwd+bwd time)."
+REGRESSION_HELP = "Largest allowed per-shape slowdown, in percent (default: rules/iteration_rules.yaml)."
+
+
+@exit_on_user_error
+def gate(
+    base_csv: Annotated[Path, typer.Argument(help="The baseline summary CSV.")],
+    cand_csv: Annotated[Path, typer.Argument(help="The candidate summary CSV (same schema and shapes).")],
+    metric: Annotated[str, typer.Option(help=METRIC_HELP)] = "step",
+    max_regression: Annotated[float | None, typer.Option(help=REGRESSION_HELP)] = None,
+) -> None:
+    """Fail (exit 1) if the candidate has a FAIL row or a shape regresses past the limit."""
+    if max_regression is None:
+        max_regression = load_rules().per_shape_regression_pct
+    base, cand = read_summary(base_csv), read_summary(cand_csv)
+    result = compare(base, cand, metric=metric, max_regression_pct=max_regression)
+    console.print(render_gate(result, base_csv.name, cand_csv.name))
+    console.print(f"geomean ({result.metric}, PASS rows): {result.geomean:.3f}x")
+    for failure in result.failures:
+        console.print(f"[red]fail[/red] {failure}", highlight=False)
+    console.print("[green]gate PASS[/green]" if result.passed else "[red]gate FAIL[/red]")
+    raise typer.Exit(0 if result.passed else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
+    app.command("gate")(gate)

@@ -1,0 +1,96 @@
+"""gate: compare a candidate summary CSV with a baseline one of the same schema and shapes.
+
+Per shape, the ratio candidate / baseline of the chosen metric (forward, backward, or the combined
+step); the geomean over shapes that PASS in both. Any FAIL row in the candidate fails the gate, and
+so does any shape slower than the baseline by more than the allowed regression. CI and a campaign's
+VALIDATE use this same function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.errors import UserError
+from harness.schema import FAIL, Summary
+
+METRICS: tuple[str, ...] = ("forward", "backward", "step")
+
+
+@dataclass(frozen=True)
+class ShapeComparison:
+    label: str
+    base: float
+    cand: float
+    base_check: str
+    cand_check: str
+
+    @property
+    def ratio(self) -> float:
+        return self.cand / self.base if self.base > 0 else math.nan
+
+    @property
+    def comparable(self) -> bool:
+        return self.base_check != FAIL and self.cand_check != FAIL
+
+
+@dataclass(frozen=True)
+class GateResult:
+    metric: str
+    max_regression_pct: float
+    shapes: tuple[ShapeComparison, ...]
+    failures: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def geomean(self) -> float:
+        ratios = [s.ratio for s in self.shapes if s.comparable and s.ratio > 0]
+        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan
+
+
+def _check_same_shapes(base: Summary, cand: Summary) -> None:
+    if base.schema.name != cand.schema.name:
+        raise UserError(f"{base.path} is schema '{base.schema.name}' but {cand.path} is '{cand.schema.name}'")
+    only_base = [x for x in base.labels if x not in set(cand.labels)]
+    only_cand = [x for x in cand.labels if x not in set(base.labels)]
+    if only_base or only_cand:
+        raise UserError(
+            f"the CSVs hold different shapes: only in {base.path.name}: {only_base[:3]}, "
+            f"only in {cand.path.name}: {only_cand[:3]}"
+        )
+    dims = list(base.schema.dims)
+    base_dims = base.frame.set_index("label")[dims]
+    cand_dims = cand.frame.set_index("label")[dims].loc[base_dims.index]
+    differ = base_dims.index[(base_dims != cand_dims).any(axis=1)]
+    if len(differ):
+        raise UserError(f"shape '{differ[0]}' has different dims in the two CSVs")
+
+
+def compare(base: Summary, cand: Summary, metric: str = "step", max_regression_pct: float = 5.0) -> GateResult:
+    """The gate's verdict on `cand` against `base` (pure: no I/O, no GPU)."""
+    if metric not in METRICS:
+        raise UserError(f"unknown metric '{metric}' (use {', '.join(METRICS)})")
+    if max_regression_pct < 0:
+        raise UserError(f"--max-regression must be >= 0, got {max_regression_pct}")
+    _check_same_shapes(base, cand)
+    base_values, cand_values = base.metric(metric), cand.metric(metric)
+    base_checks, cand_checks = base.checks(), cand.checks()
+    floor = 1.0 - max_regression_pct / 100.0
+    shapes, failures = [], []
+    for label in base.labels:
+        s = ShapeComparison(label, float(base_values[label]), float(cand_values[label]),
+                            base_checks[label], cand_checks[label])
+        shapes.append(s)
+        if s.cand_check == FAIL:
+            failures.append(f"{label}: candidate is FAIL")
+        elif not s.comparable:
+            continue
+        elif math.isnan(s.ratio):
+            failures.append(f"{label}: no {metric} measurement to compare")
+        elif s.ratio < floor:
+            slower = (1 - s.ratio) * 100
+            failures.append(f"{label}: {s.ratio:.3f}x, {slower:.1f}% slower (limit {max_regression_pct:g}%)")
+    return GateResult(metric, max_regression_pct, tuple(shapes), tuple(failures))

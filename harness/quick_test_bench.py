@@ -1,0 +1,232 @@
+"""quick_test_bench: OpSpec x shapes -> checked and timed rows -> the frozen summary CSV + sidecar.
+
+For every shape: fresh seeded inputs, the float64 reference, then for our runner (and each baseline,
+on the same inputs) the outputs are NaN-poisoned, forward and backward run once and every output
+is checked by SNR; then forward and backward are timed separately. A shape that raises is a FAIL
+row with NaN metrics, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.errors import UserError
+from harness.meta import BenchMeta, TimingInfo, environment, write_meta
+from harness.schema import FAIL, PASS, CsvSchema, get_schema, write_summary
+from harness.shapes import Shape
+from harness.snr import snr_db, snr_passes
+from harness.timing import INTERPRETER_NOTE, Timer, Timing
+from kernels.common.device import default_device, interpreter_mode
+from kernels.common.dtypes import dtype_from_name, dtype_name
+from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
+
+NAN_TIMING = Timing(math.nan, math.nan, 0)
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    shape: Shape
+    dims: dict[str, int]
+    check: str
+    snrs: dict[str, float]
+    fwd: Timing
+    bwd: Timing
+    flops: tuple[float, float]
+    error: str | None = None
+
+    def row(self, schema: CsvSchema) -> dict[str, object]:
+        def rate(work: float, t: Timing) -> float:
+            return work / (t.median_ms * 1e-3) / 1e12 if t.median_ms > 0 else math.nan
+
+        def rate_std(work: float, t: Timing) -> float:
+            # First-order propagation of the time's spread into the rate's.
+            return rate(work, t) * t.stddev_ms / t.median_ms if t.median_ms > 0 else math.nan
+
+        (f_work, b_work), fwd, bwd = self.flops, self.fwd, self.bwd
+        return {
+            "label": self.shape.label,
+            **self.dims,
+            "Check": self.check,
+            schema.fwd_metric: rate(f_work, fwd),
+            f"{schema.fwd_metric}_stddev": rate_std(f_work, fwd),
+            schema.bwd_metric: rate(b_work, bwd),
+            f"{schema.bwd_metric}_stddev": rate_std(b_work, bwd),
+            schema.fwd_ms: fwd.median_ms,
+            schema.bwd_ms: bwd.median_ms,
+            **{f"{name}_snr": self.snrs.get(name, math.nan) for name in schema.outputs},
+        }
+
+
+@dataclass
+class BenchRun:
+    """A validated benchmark plan (`prepare_bench`) and, once executed, its results."""
+
+    spec: OpSpec
+    schema: CsvSchema
+    shapes: list[Shape]
+    dims: dict[str, dict[str, int]]
+    runners: list[Runner]
+    dtype: torch.dtype
+    shapes_source: str
+    seed: int
+    timer: Timer
+    # runner name -> one result per shape, in shape order; ours first
+    results: dict[str, list[ShapeResult]] = field(default_factory=dict)
+
+    @property
+    def ours(self) -> list[ShapeResult]:
+        return self.results[self.spec.runner.name]
+
+    @property
+    def all_pass(self) -> bool:
+        return all(r.check == PASS for r in self.ours)
+
+
+def resolve_dtype(spec: OpSpec, name: str, device: torch.device) -> torch.dtype:
+    """`auto` is bf16 on a GPU and fp16 under the interpreter, whose bf16 arithmetic is wrong."""
+    if name == "auto":
+        name = "fp16" if device.type == "cpu" and "fp16" in spec.dtypes else spec.dtypes[0]
+    if name not in spec.dtypes:
+        raise UserError(f"op {spec.name} does not support dtype '{name}' (supported: {', '.join(spec.dtypes)})")
+    return dtype_from_name(name)
+
+
+def shape_seed(seed: int, label: str) -> int:
+    """A distinct, reproducible seed per shape, so no two shapes see the same data."""
+    return (seed * 1_000_003 + zlib.crc32(label.encode())) % 2**31
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _failed(shape: Shape, dims: dict[str, int], error: str, flops: tuple[float, float]) -> ShapeResult:
+    return ShapeResult(shape, dims, FAIL, {}, NAN_TIMING, NAN_TIMING, flops, error)
+
+
+def run_runner(
+    spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
+    dims: dict[str, int], timer: Timer,
+) -> ShapeResult:
+    """Check one runner on one shape (poisoned outputs, SNR per output), then time fwd and bwd."""
+    flops = spec.flops(problem)
+    try:
+        outputs = spec.make_outputs(problem, inputs)
+        for t in outputs.values():
+            t.fill_(math.nan)
+        runner.forward(inputs, outputs)
+        runner.backward(inputs, outputs)
+        _synchronize(problem.device)
+        formats = spec.snr_formats(problem)
+        snrs = {name: snr_db(outputs[name], ref[name]) for name in spec.outputs}
+        passed = all(snr_passes(snrs[name], formats[name]) for name in spec.outputs)
+        fwd = timer.time(lambda: runner.forward(inputs, outputs))
+        bwd = timer.time(lambda: runner.backward(inputs, outputs))
+    except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
+        return _failed(shape, dims, _describe(exc), flops)
+    return ShapeResult(shape, dims, PASS if passed else FAIL, snrs, fwd, bwd, flops)
+
+
+def run_shape(
+    spec: OpSpec, runners: Sequence[Runner], shape: Shape, dims: dict[str, int], dtype: torch.dtype,
+    device: torch.device, seed: int, timer: Timer,
+) -> dict[str, ShapeResult]:
+    """Every runner on one shape, all on the same inputs and reference."""
+    problem = Problem(dims=dims, dtype=dtype, device=device, seed=shape_seed(seed, shape.label),
+                      group_lens=shape.group_lens)
+    try:
+        inputs = spec.make_inputs(problem)
+        ref = spec.reference(inputs)
+    except Exception as exc:
+        error = _describe(exc)
+        return {r.name: _failed(shape, dims, error, (math.nan, math.nan)) for r in runners}
+    results = {r.name: run_runner(spec, r, problem, inputs, ref, shape, dims, timer) for r in runners}
+    del inputs, ref
+    return results
+
+
+def prepare_bench(
+    spec: OpSpec,
+    shapes: Sequence[Shape],
+    *,
+    shapes_source: str,
+    dtype: str = "auto",
+    timing_mode: str | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    seed: int = 0,
+    compare_baselines: bool = False,
+) -> BenchRun:
+    """Validate everything about a benchmark (raising UserError) before any work starts."""
+    schema = get_schema(spec.schema)
+    if schema.outputs != spec.outputs:
+        raise UserError(f"op {spec.name} checks outputs {spec.outputs}, schema '{schema.name}' has {schema.outputs}")
+    device = default_device()
+    torch_dtype = resolve_dtype(spec, dtype, device)
+    try:
+        timer = Timer(device, timing_mode, repeats, warmup)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    dims = {s.label: schema.resolve_dims(s.dims, f"shape '{s.label}'") for s in shapes}
+    runners = [spec.runner, *(spec.baselines if compare_baselines else ())]
+    return BenchRun(spec, schema, list(shapes), dims, runners, torch_dtype, shapes_source, seed, timer)
+
+
+def execute_bench(run: BenchRun, on_shape: Callable[[Shape], None] | None = None) -> BenchRun:
+    """Check and time every runner on every shape; `on_shape` is called after each shape."""
+    run.results = {r.name: [] for r in run.runners}
+    for shape in run.shapes:
+        results = run_shape(run.spec, run.runners, shape, run.dims[shape.label], run.dtype,
+                            run.timer.device, run.seed, run.timer)
+        for name, result in results.items():
+            run.results[name].append(result)
+        if on_shape:
+            on_shape(shape)
+    return run
+
+
+def run_bench(spec: OpSpec, shapes: Sequence[Shape], *, shapes_source: str, **options: object) -> BenchRun:
+    """prepare_bench + execute_bench (options as for prepare_bench)."""
+    return execute_bench(prepare_bench(spec, shapes, shapes_source=shapes_source, **options))  # type: ignore[arg-type]
+
+
+def baseline_csv_path(summary_csv: Path, baseline: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "_", baseline)
+    return summary_csv.with_name(f"{summary_csv.stem}.baseline-{safe}.csv")
+
+
+def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
+    """Write our summary CSV, one CSV per baseline (same schema and labels) and a sidecar for each."""
+    env = environment(run.timer.device)
+    timing = TimingInfo(
+        mode=run.timer.mode, repeats=run.timer.repeats, warmup=run.timer.warmup,
+        l2_flush=run.timer.flushes_l2, note=INTERPRETER_NOTE if interpreter_mode() else "",
+    )
+    csv_paths = {name: summary_csv if name == run.spec.runner.name else baseline_csv_path(summary_csv, name)
+                 for name in run.results}
+    written = []
+    for name, results in run.results.items():
+        path = csv_paths[name]
+        write_summary(path, run.schema, [r.row(run.schema) for r in results])
+        meta = BenchMeta(
+            op=run.spec.name, runner=name, csv_schema=run.schema.name, dtype=dtype_name(run.dtype),
+            shapes=run.shapes_source, seed=run.seed, timing=timing,
+            errors={r.shape.label: r.error for r in results if r.error},
+            baseline_csvs={n: p.name for n, p in csv_paths.items() if name == run.spec.runner.name and p != path},
+            **env,
+        )
+        written += [path, write_meta(path, meta)]
+    return written

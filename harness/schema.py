@@ -1,0 +1,188 @@
+"""Summary CSV schemas: the frozen GEMM-class header, a way for other ops to declare theirs, and a
+reader that refuses any file whose header is not exactly a declared schema.
+
+A header is `label, <dims>, Check, Forward <metric>, Forward <metric>_stddev, Backward <metric>,
+Backward <metric>_stddev, Forward Time (ms), Backward Time (ms), <output>_snr...`. Metadata never
+goes into the CSV: it goes to the JSON sidecar.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from harness.errors import UserError
+from harness.files import atomic_write_text
+
+PASS, FAIL = "PASS", "FAIL"
+
+GEMM_HEADER = (
+    "label,B,M,N,K,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,Backward TFLOPS_stddev,"
+    "Forward Time (ms),Backward Time (ms),out_snr,da_snr,db_snr"
+)
+
+
+@dataclass(frozen=True)
+class CsvSchema:
+    name: str
+    dims: tuple[str, ...]
+    # "TFLOPS" for compute-bound ops, "GB/s" for memory-bound ones.
+    metric: str
+    outputs: tuple[str, ...]
+    # Dims a shape may leave out (e.g. B=1 for a dense GEMM).
+    dim_defaults: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def fwd_metric(self) -> str:
+        return f"Forward {self.metric}"
+
+    @property
+    def bwd_metric(self) -> str:
+        return f"Backward {self.metric}"
+
+    fwd_ms = "Forward Time (ms)"
+    bwd_ms = "Backward Time (ms)"
+
+    @property
+    def snr_columns(self) -> tuple[str, ...]:
+        return tuple(f"{out}_snr" for out in self.outputs)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (
+            "label", *self.dims, "Check",
+            self.fwd_metric, f"{self.fwd_metric}_stddev",
+            self.bwd_metric, f"{self.bwd_metric}_stddev",
+            self.fwd_ms, self.bwd_ms,
+            *self.snr_columns,
+        )
+
+    @property
+    def header(self) -> str:
+        return ",".join(self.columns)
+
+    @property
+    def numeric_columns(self) -> tuple[str, ...]:
+        return self.columns[len(self.dims) + 2 :]
+
+    def resolve_dims(self, dims: Mapping[str, int], where: str) -> dict[str, int]:
+        """The schema's dims, in order, from a shape's dims (defaults filled, extras refused)."""
+        merged = {**self.dim_defaults, **dims}
+        missing = [d for d in self.dims if d not in merged]
+        extra = [d for d in merged if d not in self.dims]
+        if missing or extra:
+            raise UserError(f"{where}: dims must be {list(self.dims)}; missing {missing}, unexpected {extra}")
+        return {d: merged[d] for d in self.dims}
+
+
+GEMM = CsvSchema("gemm", ("B", "M", "N", "K"), "TFLOPS", ("out", "da", "db"), dim_defaults={"B": 1})
+if GEMM.header != GEMM_HEADER:  # the frozen contract: fail at import, never write a drifted header
+    raise RuntimeError("harness.schema: the GEMM schema no longer produces the frozen header")
+
+SCHEMAS: dict[str, CsvSchema] = {GEMM.name: GEMM}
+
+
+def register_schema(schema: CsvSchema) -> CsvSchema:
+    """Declare another op family's schema. Re-registering a name with other columns is refused."""
+    known = SCHEMAS.get(schema.name)
+    if known is not None and known.columns != schema.columns:
+        raise ValueError(f"schema '{schema.name}' is already declared with other columns")
+    SCHEMAS[schema.name] = schema
+    return schema
+
+
+def get_schema(name: str) -> CsvSchema:
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise UserError(f"unknown CSV schema '{name}' (declared: {', '.join(SCHEMAS)})") from None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A validated summary CSV: one row per shape, labels unique."""
+
+    path: Path
+    schema: CsvSchema
+    frame: pd.DataFrame
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.frame["label"])
+
+    def metric(self, which: str) -> pd.Series:
+        """Per-shape metric by label: "forward", "backward", or "step" (fwd+bwd work over fwd+bwd time).
+
+        step = (F*Tf + B*Tb) / (Tf + Tb) is the total work over the total time; for GEMM-class rows
+        it equals 6*B*M*N*K / (fwd ms + bwd ms).
+        """
+        f = self.frame.set_index("label")
+        s = self.schema
+        if which == "forward":
+            return f[s.fwd_metric]
+        if which == "backward":
+            return f[s.bwd_metric]
+        if which == "step":
+            work = f[s.fwd_metric] * f[s.fwd_ms] + f[s.bwd_metric] * f[s.bwd_ms]
+            return work / (f[s.fwd_ms] + f[s.bwd_ms])
+        raise UserError(f"unknown metric '{which}' (use forward, backward or step)")
+
+    def checks(self) -> pd.Series:
+        return self.frame.set_index("label")["Check"]
+
+
+def write_summary(path: str | os.PathLike[str], schema: CsvSchema, rows: Sequence[Mapping[str, object]]) -> Path:
+    """Write rows (dicts keyed by the schema's columns) with the exact header, atomically."""
+    for row in rows:
+        if tuple(row) != schema.columns:
+            raise ValueError(f"row keys {list(row)} are not the '{schema.name}' columns {list(schema.columns)}")
+    frame = pd.DataFrame(list(rows), columns=list(schema.columns))
+    body = frame.to_csv(header=False, index=False, na_rep="nan", float_format="%.6g", lineterminator="\n")
+    return atomic_write_text(path, schema.header + "\n" + body)
+
+
+def _header_problem(got: list[str], schema: CsvSchema) -> str:
+    expected = list(schema.columns)
+    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
+        if g != e:
+            return f"column {i + 1} is '{g}', expected '{e}'"
+    return f"it has {len(got)} columns, the schema has {len(expected)}"
+
+
+def read_summary(path: str | os.PathLike[str], schema: CsvSchema | None = None) -> Summary:
+    """Read and validate a summary CSV; `schema=None` accepts any declared schema whose header matches."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UserError(f"{path}: cannot read: {reason}") from None
+    header_line = text.split("\n", 1)[0].rstrip("\r")
+    got = header_line.split(",")
+    candidates = [schema] if schema else list(SCHEMAS.values())
+    matched = next((s for s in candidates if s.header == header_line), None)
+    if matched is None:
+        closest = max(candidates, key=lambda s: sum(a == b for a, b in zip(got, s.columns, strict=False)))
+        raise UserError(f"{path}: header is not the '{closest.name}' schema: {_header_problem(got, closest)}")
+
+    frame = pd.read_csv(io.StringIO(text), dtype={"label": str}, keep_default_na=False, na_values=["nan", ""])
+    bad_check = frame.index[~frame["Check"].isin([PASS, FAIL])]
+    if len(bad_check):
+        i = bad_check[0]
+        raise UserError(f"{path}: row {i + 1}: column 'Check' is '{frame.at[i, 'Check']}', expected PASS or FAIL")
+    for col in (*matched.dims, *matched.numeric_columns):
+        values = pd.to_numeric(frame[col], errors="coerce")
+        bad = frame.index[values.isna() & frame[col].notna()]
+        if len(bad):
+            i = bad[0]
+            raise UserError(f"{path}: row {i + 1}: column '{col}' is '{frame.at[i, col]}', not a number")
+        frame[col] = values
+    dupes = frame["label"][frame["label"].duplicated()]
+    if len(dupes):
+        raise UserError(f"{path}: label '{dupes.iloc[0]}' appears more than once")
+    return Summary(path=path, schema=matched, frame=frame)

@@ -1,0 +1,245 @@
+"""Benchmark shapes: presets for dense GEMM (Llama-3) and grouped GEMM (MoE models, with skewed
+token splits), and shapes read from a YAML file.
+
+A YAML shape file is a list of shapes (or `shapes: [...]`), each a label, its dims and, for grouped
+ops, optional explicit `group_lens`:
+
+    - {label: square-4k, M: 4096, N: 4096, K: 4096}
+    - {label: one-hot, B: 4, M: 256, N: 512, K: 256, group_lens: [1024, 0, 0, 0]}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
+
+from harness.errors import UserError
+from harness.rules import first_error
+
+SKEWS: tuple[str, ...] = ("uniform", "topk", "hot", "empty")
+
+
+class Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: str = Field(min_length=1)
+    dims: dict[str, PositiveInt]
+    # Tokens per group for grouped ops; M is then their mean, rounded down.
+    group_lens: tuple[NonNegativeInt, ...] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_flat_dims(cls, data: Any) -> Any:
+        """Accept `{label, M, N, K}` as well as `{label, dims: {M, N, K}}`."""
+        if isinstance(data, dict) and "dims" not in data:
+            dims = {k: v for k, v in data.items() if k not in ("label", "group_lens")}
+            data = {k: v for k, v in data.items() if k in ("label", "group_lens")} | {"dims": dims}
+        return data
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> Shape:
+        if self.group_lens is None:
+            return self
+        groups, mean = self.dims.get("B"), self.dims.get("M")
+        if groups != len(self.group_lens):
+            raise ValueError(f"group_lens has {len(self.group_lens)} entries but B is {groups}")
+        if mean != sum(self.group_lens) // len(self.group_lens):
+            raise ValueError(f"M must be the mean of group_lens rounded down ({sum(self.group_lens) // groups})")
+        return self
+
+
+class ShapeFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shapes: list[Shape] = Field(min_length=1)
+
+
+# --- token splits for grouped GEMM ------------------------------------------------------------------
+
+
+def split_tokens(total: int, groups: int, skew: str, seed: int = 0) -> list[int]:
+    """Split `total` routed tokens over `groups` experts.
+
+    uniform: equal shares. topk: router imbalance (log-normal expert popularity) with a capacity
+    factor of 1.25, tokens over capacity dropped. hot: one expert takes half the tokens. empty: a
+    quarter of the experts (at least one) get none.
+    """
+    rng = np.random.default_rng(seed)
+    if skew == "uniform":
+        base, extra = divmod(total, groups)
+        return [base + (i < extra) for i in range(groups)]
+    if skew == "topk":
+        popularity = rng.lognormal(mean=0.0, sigma=0.6, size=groups)
+        counts = rng.multinomial(total, popularity / popularity.sum())
+        capacity = math.ceil(1.25 * total / groups)
+        return [int(c) for c in np.minimum(counts, capacity)]
+    if skew == "hot":
+        hot = math.ceil(total / 2)
+        rest = rng.multinomial(total - hot, np.full(groups - 1, 1.0 / (groups - 1))) if groups > 1 else []
+        return [hot, *(int(c) for c in rest)]
+    if skew == "empty":
+        n_empty = max(1, groups // 4)
+        live = rng.multinomial(total, np.full(groups - n_empty, 1.0 / (groups - n_empty)))
+        lens = [0] * n_empty + [int(c) for c in live]
+        rng.shuffle(lens)
+        return [int(c) for c in lens]
+    raise UserError(f"unknown skew '{skew}' (known: {', '.join(SKEWS)})")
+
+
+def grouped_shape(label: str, groups: int, tokens_per_group: int, N: int, K: int, skew: str, seed: int = 0) -> Shape:
+    lens = split_tokens(groups * tokens_per_group, groups, skew, seed)
+    return Shape(label=label, dims={"B": groups, "M": sum(lens) // groups, "N": N, "K": K}, group_lens=tuple(lens))
+
+
+# --- model presets ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DenseModel:
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 128
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each Linear layer of a transformer block."""
+        q = self.heads * self.head_dim
+        return {
+            "qkv": (q + 2 * self.kv_heads * self.head_dim, self.hidden),
+            "o": (self.hidden, q),
+            "gate_up": (2 * self.intermediate, self.hidden),
+            "down": (self.hidden, self.intermediate),
+        }
+
+
+@dataclass(frozen=True)
+class MoEModel:
+    hidden: int
+    expert_intermediate: int
+    experts: int
+    top_k: int
+    # Expert-parallel sizes: a rank holds experts // ep groups.
+    ep_sizes: tuple[int, ...] = (8, 16, 32)
+
+    def cases(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of the expert GEMMs: GateUP (fused gate and up) and Down."""
+        return {"gateup": (2 * self.expert_intermediate, self.hidden), "down": (self.hidden, self.expert_intermediate)}
+
+
+DENSE_MODELS: dict[str, DenseModel] = {
+    "llama3-8b": DenseModel(hidden=4096, intermediate=14336, heads=32, kv_heads=8),
+    "llama3-70b": DenseModel(hidden=8192, intermediate=28672, heads=64, kv_heads=8),
+}
+DENSE_TOKENS: tuple[int, ...] = (2048, 4096, 8192)
+
+MOE_MODELS: dict[str, MoEModel] = {
+    "deepseek-v3": MoEModel(hidden=7168, expert_intermediate=2048, experts=256, top_k=8),
+    "qwen3-235b": MoEModel(hidden=4096, expert_intermediate=1536, experts=128, top_k=8),
+    "qwen3-30b": MoEModel(hidden=2048, expert_intermediate=768, experts=128, top_k=8),
+    "gpt-oss-120b": MoEModel(hidden=2880, expert_intermediate=2880, experts=128, top_k=4),
+    "gpt-oss-20b": MoEModel(hidden=2880, expert_intermediate=2880, experts=32, top_k=4, ep_sizes=(8, 16)),
+    "mixtral-8x7b": MoEModel(hidden=4096, expert_intermediate=14336, experts=8, top_k=2, ep_sizes=(1, 4)),
+}
+# Tokens per expert of the uniform shapes; skewed ones use the last, at the largest EP size
+# (fewest groups: for DeepSeek-V3 the 8 x 4096 shape of the anchors).
+MOE_TOKENS: tuple[int, ...] = (512, 4096)
+
+
+def dense_preset(model: str) -> list[Shape]:
+    spec = DENSE_MODELS[model]
+    return [
+        Shape(label=f"{model}/{proj}/t{tokens}", dims={"B": 1, "M": tokens, "N": n, "K": k})
+        for proj, (n, k) in spec.projections().items()
+        for tokens in DENSE_TOKENS
+    ]
+
+
+def moe_preset(model: str) -> list[Shape]:
+    spec = MOE_MODELS[model]
+    shapes = []
+    for case, (n, k) in spec.cases().items():
+        for ep in spec.ep_sizes:
+            groups = spec.experts // ep
+            for tokens in MOE_TOKENS:
+                label = f"{model}/{case}/ep{ep}/m{tokens}/uniform"
+                shapes.append(grouped_shape(label, groups, tokens, n, k, "uniform"))
+        ep, tokens = spec.ep_sizes[-1], MOE_TOKENS[-1]
+        groups = spec.experts // ep
+        for seed, skew in enumerate(SKEWS[1:]):
+            label = f"{model}/{case}/ep{ep}/m{tokens}/{skew}"
+            shapes.append(grouped_shape(label, groups, tokens, n, k, skew, seed=seed))
+    return shapes
+
+
+def dense_smoke() -> list[Shape]:
+    """Small, odd shapes for the CPU interpreter: edges in every dimension."""
+    return [
+        Shape(label="smoke/square-128", dims={"B": 1, "M": 128, "N": 128, "K": 128}),
+        Shape(label="smoke/odd-97x75x61", dims={"B": 1, "M": 97, "N": 75, "K": 61}),
+        Shape(label="smoke/tall-192x48x80", dims={"B": 1, "M": 192, "N": 48, "K": 80}),
+        Shape(label="smoke/long-k-40x56x300", dims={"B": 1, "M": 40, "N": 56, "K": 300}),
+    ]
+
+
+def grouped_smoke() -> list[Shape]:
+    """Small grouped shapes for the CPU interpreter: uniform, skewed, empty groups, odd sizes."""
+    return [grouped_shape(f"smoke/g4/{skew}", 4, 37, 40, 56, skew, seed=i) for i, skew in enumerate(SKEWS)]
+
+
+PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
+    "dense_gemm": {
+        "smoke": dense_smoke,
+        **{name: (lambda name=name: dense_preset(name)) for name in DENSE_MODELS},
+        "llama3": lambda: [s for name in DENSE_MODELS for s in dense_preset(name)],
+    },
+    "grouped_gemm": {
+        "smoke": grouped_smoke,
+        **{name: (lambda name=name: moe_preset(name)) for name in MOE_MODELS},
+    },
+}
+
+
+def preset_names(family: str) -> list[str]:
+    return list(PRESETS.get(family, {}))
+
+
+def load_shape_file(path: str | Path) -> list[Shape]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read shape file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if isinstance(data, list):
+        data = {"shapes": data}
+    try:
+        shapes = ShapeFile.model_validate(data).shapes
+    except ValidationError as exc:
+        raise UserError(first_error(exc, str(path))) from None
+    labels = [s.label for s in shapes]
+    dupes = {label for label in labels if labels.count(label) > 1}
+    if dupes:
+        raise UserError(f"{path}: labels must be unique, repeated: {sorted(dupes)}")
+    return shapes
+
+
+def load_shapes(family: str, preset_or_path: str) -> list[Shape]:
+    """Shapes of a named preset of `family`, or of a YAML file."""
+    presets = PRESETS.get(family, {})
+    if preset_or_path in presets:
+        return presets[preset_or_path]()
+    if preset_or_path.endswith((".yaml", ".yml")) or Path(preset_or_path).is_file():
+        return load_shape_file(preset_or_path)
+    raise UserError(
+        f"unknown shape preset '{preset_or_path}' for {family} "
+        f"(presets: {', '.join(presets) or 'none'}; or a path to a .yaml file)"
+    )

@@ -1,0 +1,120 @@
+"""Timing: CUDA events around each call, L2 flushed before each (outside the timed region), median
+and population stddev over the repeats; a CUDA-graph mode that replays a captured call; and a
+wall-clock fallback for the CPU interpreter, whose numbers prove the plumbing, never performance.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+TimingMode = Literal["cuda-events", "cuda-graph", "interpreter-wallclock"]
+TIMING_MODES: tuple[str, ...] = ("cuda-events", "cuda-graph", "interpreter-wallclock")
+INTERPRETER_NOTE = "interpreter timings (Triton on the CPU): they prove the plumbing, never performance"
+
+# Defaults (repeats, warm-up calls) by mode: the interpreter is ~1e5x slower, so it gets a token count.
+DEFAULT_COUNTS: dict[str, tuple[int, int]] = {
+    "cuda-events": (50, 10),
+    "cuda-graph": (50, 10),
+    "interpreter-wallclock": (3, 1),
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    stddev_ms: float
+    samples: int
+
+
+def summarize(samples_ms: Sequence[float]) -> Timing:
+    """Median and population standard deviation of the samples."""
+    if not samples_ms:
+        raise ValueError("no timing samples")
+    return Timing(statistics.median(samples_ms), statistics.pstdev(samples_ms), len(samples_ms))
+
+
+def default_mode(device: torch.device) -> TimingMode:
+    return "cuda-events" if device.type == "cuda" else "interpreter-wallclock"
+
+
+class Timer:
+    """Times callables on one device with one method; holds the L2-flush buffer between calls."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        mode: TimingMode | None = None,
+        repeats: int | None = None,
+        warmup: int | None = None,
+    ) -> None:
+        self.device = device
+        self.mode: TimingMode = mode or default_mode(device)
+        if self.mode not in TIMING_MODES:
+            raise ValueError(f"unknown timing mode '{self.mode}' (use one of {', '.join(TIMING_MODES)})")
+        if self.mode != "interpreter-wallclock" and device.type != "cuda":
+            raise ValueError(f"timing mode '{self.mode}' needs a CUDA device, got {device}")
+        default_repeats, default_warmup = DEFAULT_COUNTS[self.mode]
+        self.repeats = repeats or default_repeats
+        self.warmup = default_warmup if warmup is None else warmup
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        self._flush: torch.Tensor | None = None
+        if device.type == "cuda":
+            # Twice the L2 so that zeroing it evicts every line the previous call left behind.
+            l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size or 64 * 2**20
+            self._flush = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+
+    @property
+    def flushes_l2(self) -> bool:
+        return self._flush is not None
+
+    def time(self, fn: Callable[[], object]) -> Timing:
+        if self.mode == "interpreter-wallclock":
+            return self._time_wallclock(fn)
+        for _ in range(self.warmup):
+            fn()
+        if self.mode == "cuda-graph":
+            fn = self._capture(fn)
+        return self._time_events(fn)
+
+    def _time_wallclock(self, fn: Callable[[], object]) -> Timing:
+        for _ in range(self.warmup):
+            fn()
+        samples = []
+        for _ in range(self.repeats):
+            start = time.perf_counter()
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            samples.append((time.perf_counter() - start) * 1e3)
+        return summarize(samples)
+
+    def _time_events(self, fn: Callable[[], object]) -> Timing:
+        assert self._flush is not None
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
+        for start, end in zip(starts, ends, strict=True):
+            self._flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        return summarize([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+
+    def _capture(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Capture one call into a CUDA graph (after warm-up on a side stream, as capture requires)."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay

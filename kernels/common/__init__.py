@@ -1,0 +1,1 @@
+"""Pieces shared by the op families: the OpSpec contract, dtypes and device facts."""

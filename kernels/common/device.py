@@ -1,0 +1,31 @@
+"""Facts about where kernels run."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreter_mode() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_device() -> torch.device:
+    """The device kernels run on: the current CUDA device, or the CPU under the interpreter."""
+    if torch.cuda.is_available() and not interpreter_mode():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_same_device(**tensors: torch.Tensor) -> torch.device:
+    """Raise a ValueError naming the tensors if they are not all on one device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"tensors must be on one device: {listed}")
+    device = next(iter(devices.values()))
+    if device.type != "cuda" and not interpreter_mode():
+        raise ValueError(f"tensors are on {device}: Triton kernels need a CUDA device (or TRITON_INTERPRET=1)")
+    return device

@@ -1,0 +1,70 @@
+"""OpSpec: the one contract between a kernel family and everything that measures it.
+
+The harness knows nothing about an op beyond its OpSpec: it builds inputs for a Problem, runs the
+op's Runner (and any baseline Runner) into NaN-poisoned output buffers, compares every output with
+the float64 reference by SNR, and times forward and backward separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One concrete instance of an op: shape dims (named as in the op's CSV schema), dtype, device, seed."""
+
+    dims: Mapping[str, int]
+    dtype: torch.dtype
+    device: torch.device
+    seed: int = 0
+    # Tokens per group for grouped ops (skewed splits, empty groups); None for dense ops.
+    group_lens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A way to compute the op: ours, or a baseline timed under the same method.
+
+    `forward(inputs, outputs)` writes the forward outputs, `backward(inputs, outputs)` the gradients,
+    both into the preallocated buffers of `outputs` (so the harness can poison them first and the
+    same buffers are reused while timing, without allocation in the timed region).
+    """
+
+    name: str
+    forward: Callable[[Tensors, Tensors], None]
+    backward: Callable[[Tensors, Tensors], None]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    description: str
+    # Repo-relative files a campaign may change for this op; everything else is off limits.
+    mutable_files: tuple[str, ...]
+    # Name of the harness CSV schema (e.g. "gemm") and of the harness shape-preset family.
+    schema: str
+    shape_family: str
+    dtypes: tuple[str, ...]
+    # Outputs checked by SNR, in CSV order: forward ones first (e.g. out), then gradients (da, db).
+    forward_outputs: tuple[str, ...]
+    backward_outputs: tuple[str, ...]
+    make_inputs: Callable[[Problem], Tensors]
+    make_outputs: Callable[[Problem, Tensors], Tensors]
+    reference: Callable[[Tensors], Tensors]
+    # FLOPs and bytes moved (fwd, bwd) for a problem.
+    flops: Callable[[Problem], tuple[float, float]]
+    bytes_moved: Callable[[Problem], tuple[float, float]]
+    # The SNR format of each output for a problem ("bf16", "e4m3", ...): thresholds live in rules/.
+    snr_formats: Callable[[Problem], dict[str, str]]
+    runner: Runner
+    baselines: tuple[Runner, ...] = field(default_factory=tuple)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.forward_outputs + self.backward_outputs

@@ -1,0 +1,55 @@
+"""gemm: the tunable space and the tuned table (shape bucket -> launch config).
+
+The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
+    "BLOCK_M": (32, 64, 128, 256),
+    "BLOCK_N": (32, 64, 128, 256),
+    "BLOCK_K": (32, 64, 128),
+    "GROUP_M": (1, 4, 8, 16),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+
+TUNED_TABLE: dict[str, dict[str, int]] = {
+    "small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+    "medium": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+}
+
+# Output-tile area (M*N) up to which a bucket applies; larger problems fall into "large".
+BUCKET_LIMITS: dict[str, int] = {"small": 512 * 512, "medium": 2048 * 2048}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for knob, allowed in TUNABLE_SPACE.items():
+            value = getattr(self, knob)
+            if value not in allowed:
+                raise ValueError(f"gemm config: {knob}={value} is outside the tunable space {allowed}")
+
+
+def shape_bucket(M: int, N: int, K: int) -> str:
+    """The tuned-table bucket of an (M, N, K) problem, by output-tile area."""
+    area = M * N
+    for bucket, limit in BUCKET_LIMITS.items():
+        if area <= limit:
+            return bucket
+    return "large"
+
+
+def config_for(M: int, N: int, K: int) -> GemmConfig:
+    return GemmConfig(**TUNED_TABLE[shape_bucket(M, N, K)])

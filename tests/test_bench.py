@@ -1,0 +1,81 @@
+import dataclasses
+import json
+import math
+
+import pytest
+
+from harness.meta import harness_hash, read_meta
+from harness.quick_test_bench import run_bench, write_bench
+from harness.registry import get_spec, op_names
+from harness.schema import GEMM_HEADER, read_summary
+from harness.shapes import Shape, load_shapes
+
+
+def test_registry_discovers_gemm():
+    assert "gemm" in op_names()
+    spec = get_spec("gemm")
+    assert spec.schema == "gemm" and spec.outputs == ("out", "da", "db")
+    assert all(f.startswith("kernels/gemm/") for f in spec.mutable_files)
+
+
+def test_smoke_bench_writes_frozen_csv_and_interpreter_sidecar(tmp_path):
+    run = run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke"), shapes_source="smoke",
+                    repeats=1, warmup=0, compare_baselines=True)
+    assert run.all_pass
+    written = write_bench(run, tmp_path / "out.csv")
+    assert (tmp_path / "out.csv").read_text().splitlines()[0] == GEMM_HEADER
+    summary = read_summary(tmp_path / "out.csv")
+    assert set(summary.frame["Check"]) == {"PASS"}
+    assert (summary.frame[["out_snr", "da_snr", "db_snr"]] > 50).all().all()
+    meta = read_meta(tmp_path / "out.csv")
+    assert meta.timing.mode == "interpreter-wallclock" and "interpreter" in meta.timing.note
+    assert meta.harness_hash == harness_hash() and meta.dtype == "fp16"
+    baseline = tmp_path / meta.baseline_csvs["torch.matmul"]
+    assert baseline in written and read_summary(baseline).labels == summary.labels
+    assert json.loads((tmp_path / "out.meta.json").read_text())["op"] == "gemm"
+
+
+def test_a_shape_that_raises_is_a_fail_row_and_the_run_goes_on(tmp_path):
+    shapes = [
+        Shape(label="ok", dims={"M": 40, "N": 24, "K": 16}),
+        Shape(label="batched", dims={"B": 3, "M": 40, "N": 24, "K": 16}),  # dense gemm refuses B != 1
+        Shape(label="ok-too", dims={"M": 24, "N": 40, "K": 32}),
+    ]
+    run = run_bench(get_spec("gemm"), shapes, shapes_source="test", repeats=1, warmup=0)
+    assert [r.check for r in run.ours] == ["PASS", "FAIL", "PASS"]
+    write_bench(run, tmp_path / "out.csv")
+    row = read_summary(tmp_path / "out.csv").frame.set_index("label").loc["batched"]
+    assert all(math.isnan(row[c]) for c in ("Forward TFLOPS", "Backward Time (ms)", "out_snr"))
+    assert "B must be 1" in read_meta(tmp_path / "out.csv").errors["batched"]
+
+
+def test_wrong_results_fail_the_check():
+    spec = get_spec("gemm")
+
+    def forward_that_skips_the_last_row(inputs, outputs):
+        spec.runner.forward(inputs, outputs)
+        outputs["out"][-1].zero_()
+
+    broken = dataclasses.replace(spec, runner=dataclasses.replace(spec.runner, forward=forward_that_skips_the_last_row))
+    shape = Shape(label="s", dims={"M": 64, "N": 48, "K": 32})
+    run = run_bench(broken, [shape], shapes_source="t", repeats=1, warmup=0)
+    (result,) = run.ours
+    assert result.check == "FAIL" and result.snrs["out"] < 40 and result.snrs["da"] > 50
+
+
+def test_outputs_are_poisoned_before_the_checked_run():
+    spec = get_spec("gemm")
+
+    def backward_that_forgets_db(inputs, outputs):
+        spec.runner.backward(inputs, {"da": outputs["da"], "db": outputs["db"].clone()})
+
+    lazy = dataclasses.replace(spec, runner=dataclasses.replace(spec.runner, backward=backward_that_forgets_db))
+    run = run_bench(lazy, [Shape(label="s", dims={"M": 32, "N": 32, "K": 32})], shapes_source="t", repeats=1, warmup=0)
+    assert run.ours[0].check == "FAIL" and run.ours[0].snrs["db"] == -math.inf
+
+
+def test_unsupported_dtype_is_refused():
+    from harness.errors import UserError
+
+    with pytest.raises(UserError, match="does not support dtype 'fp32'"):
+        run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke"), shapes_source="smoke", dtype="fp32")

@@ -1,0 +1,135 @@
+import pytest
+import torch
+
+from harness.snr import snr_db
+from kernels.common.device import default_device
+from kernels.gemm import gemm, gemm_backward, gemm_forward
+from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, GemmConfig, config_for, shape_bucket
+
+# (M, N, K): none divisible by the blocks, a long K, a single row.
+SHAPES = [(97, 75, 61), (64, 48, 300), (1, 33, 17), (130, 70, 64)]
+
+
+def reference(a, b, g, trans_a, trans_b):
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    out = (a64.t() if trans_a else a64) @ (b64.t() if trans_b else b64)
+    out.backward(g.double())
+    return out, a64.grad, b64.grad
+
+
+def operands(M, N, K, trans_a, trans_b, dtype, device):
+    a = torch.randn((K, M) if trans_a else (M, K), dtype=dtype, device=device, requires_grad=True)
+    b = torch.randn((N, K) if trans_b else (K, N), dtype=dtype, device=device, requires_grad=True)
+    return a, b
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("mnk", SHAPES)
+def test_forward_and_backward_match_float64(mnk, trans_a, trans_b, device, half_dtype):
+    torch.manual_seed(hash((mnk, trans_a, trans_b)) % 2**31)
+    a, b = operands(*mnk, trans_a, trans_b, half_dtype, device)
+    out = gemm(a, b, trans_a, trans_b)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    ref_out, ref_da, ref_db = reference(a, b, grad_out, trans_a, trans_b)
+    floor = 50 if half_dtype == torch.float16 else 40
+    assert out.dtype == half_dtype and a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert snr_db(out, ref_out) > floor
+    assert snr_db(a.grad, ref_da) > floor
+    assert snr_db(b.grad, ref_db) > floor
+
+
+def test_every_element_written_into_poisoned_buffers(device, half_dtype):
+    M, N, K = 77, 45, 52
+    a = torch.randn(M, K, dtype=half_dtype, device=device)
+    b = torch.randn(N, K, dtype=half_dtype, device=device)
+    g = torch.randn(M, N, dtype=half_dtype, device=device)
+    out = torch.full((M, N), float("nan"), dtype=half_dtype, device=device)
+    da, db = torch.full_like(a, float("nan")), torch.full_like(b, float("nan"))
+    gemm_forward(a, b, trans_b=True, out=out)
+    gemm_backward(g, a, b, trans_b=True, grad_a=da, grad_b=db)
+    ref_out, ref_da, ref_db = reference(a, b, g, False, True)
+    for got, ref in ((out, ref_out), (da, ref_da), (db, ref_db)):
+        assert torch.isfinite(got).all()
+        assert snr_db(got, ref) > 40
+
+
+def test_non_contiguous_views_and_fp32_output(device, half_dtype):
+    base_a = torch.randn(80, 90, dtype=half_dtype, device=device)
+    base_b = torch.randn(70, 100, dtype=half_dtype, device=device)
+    a, b = base_a[::2, 5:55], base_b[3:53, ::3]  # strided in both dims
+    out = gemm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert snr_db(out, a.double() @ b.double()) > 50
+
+
+def test_empty_and_zero_k(device, half_dtype):
+    a = torch.randn(0, 16, dtype=half_dtype, device=device)
+    b = torch.randn(16, 8, dtype=half_dtype, device=device)
+    assert gemm(a, b).shape == (0, 8)
+    a, b = torch.randn(4, 0, dtype=half_dtype, device=device), torch.randn(0, 8, dtype=half_dtype, device=device)
+    assert torch.equal(gemm(a, b), torch.zeros(4, 8, dtype=half_dtype, device=device))
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "a_dtype", "b_dtype", "match"),
+    [
+        ((4, 8), (9, 4), torch.float16, torch.float16, "inner dims differ"),
+        ((2, 4, 8), (8, 4), torch.float16, torch.float16, "2-D"),
+        ((4, 8), (8, 4), torch.float32, torch.float32, "bf16 or fp16"),
+        ((4, 8), (8, 4), torch.float16, torch.bfloat16, "bf16 or fp16"),
+    ],
+)
+def test_bad_input_raises_value_error(a_shape, b_shape, a_dtype, b_dtype, match):
+    device = default_device()
+    a, b = torch.randn(a_shape, device=device).to(a_dtype), torch.randn(b_shape, device=device).to(b_dtype)
+    with pytest.raises(ValueError, match=match):
+        gemm(a, b)
+
+
+def test_bad_out_dtype_raises():
+    a = torch.randn(4, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="out_dtype"):
+        gemm(a, a.t().contiguous(), out_dtype=torch.int32)
+
+
+def test_tuned_table_lies_in_the_tunable_space():
+    for bucket, cfg in TUNED_TABLE.items():
+        GemmConfig(**cfg)  # raises if a knob is outside the space
+        assert set(cfg) == set(TUNABLE_SPACE), bucket
+    assert shape_bucket(64, 64, 64) == "small" and shape_bucket(8192, 8192, 8192) == "large"
+    with pytest.raises(ValueError, match="outside the tunable space"):
+        GemmConfig(BLOCK_M=48, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
+    assert isinstance(config_for(100, 100, 100), GemmConfig)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(4096, 4096, 4096), (8192, 6144, 4096), (1000, 3000, 777)])
+def test_bf16_on_gpu(mnk):
+    torch.manual_seed(0)
+    a, b = operands(*mnk, False, True, torch.bfloat16, "cuda")
+    out = gemm(a, b, trans_b=True)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    ref_out, ref_da, ref_db = reference(a, b, grad_out, False, True)
+    assert snr_db(out, ref_out) > 40
+    assert snr_db(a.grad, ref_da) > 40
+    assert snr_db(b.grad, ref_db) > 40
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture():
+    a = torch.randn(512, 384, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(256, 384, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(512, 256, dtype=torch.bfloat16, device="cuda")
+    gemm_forward(a, b, trans_b=True, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm_forward(a, b, trans_b=True, out=out)
+    out.fill_(float("nan"))
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert snr_db(out, a.double() @ b.double().t()) > 40

@@ -1,0 +1,41 @@
+import statistics
+
+import pytest
+import torch
+
+from harness.timing import Timer, summarize
+
+
+def test_summarize_is_median_and_population_stddev():
+    t = summarize([1.0, 2.0, 3.0, 10.0])
+    assert t.median_ms == 2.5
+    assert t.stddev_ms == pytest.approx(statistics.pstdev([1.0, 2.0, 3.0, 10.0]))
+    assert t.samples == 4
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_wallclock_timer_calls_warmup_plus_repeats():
+    calls = []
+    timer = Timer(torch.device("cpu"), repeats=4, warmup=2)
+    assert timer.mode == "interpreter-wallclock" and not timer.flushes_l2
+    t = timer.time(lambda: calls.append(1))
+    assert len(calls) == 6 and t.samples == 4 and t.median_ms >= 0
+
+
+def test_gpu_modes_refuse_the_cpu():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Timer(torch.device("cpu"), mode="cuda-events")
+    with pytest.raises(ValueError, match="unknown timing mode"):
+        Timer(torch.device("cpu"), mode="stopwatch")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["cuda-events", "cuda-graph"])
+def test_gpu_timing_sees_the_work(mode):
+    x = torch.randn(4096, 4096, device="cuda")
+    timer = Timer(torch.device("cuda"), mode=mode, repeats=10, warmup=2)
+    one = timer.time(lambda: x @ x)
+    four = timer.time(lambda: [x @ x for _ in range(4)])
+    assert timer.flushes_l2
+    assert 2.5 < four.median_ms / one.median_ms < 6
