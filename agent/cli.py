@@ -23,11 +23,12 @@ register(app)
 def ops() -> None:
     """List the registered ops, their shape presets, dtypes and baselines."""
     table = Table(title="registered ops")
-    for column in ("op", "description", "dtypes", "presets", "baselines", "mutable files"):
+    for column in ("op", "description", "dtypes", "variants", "presets", "baselines", "mutable files"):
         table.add_column(column, overflow="fold")
     for spec in all_specs():
         table.add_row(
-            spec.name, spec.description, ", ".join(spec.dtypes), ", ".join(preset_names(spec.shape_family)),
+            spec.name, spec.description, ", ".join(spec.dtypes), "\n".join(spec.variants),
+            ", ".join(preset_names(spec.shape_family)),
             ", ".join(b.name for b in spec.baselines) or "-", "\n".join(spec.mutable_files),
         )
     console.print(table)

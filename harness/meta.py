@@ -32,6 +32,7 @@ class BenchMeta(BaseModel):
     runner: str
     csv_schema: str
     dtype: str
+    variant: str
     shapes: str
     seed: int
     device: str

@@ -74,6 +74,7 @@ class BenchRun:
     dims: dict[str, dict[str, int]]
     runners: list[Runner]
     dtype: torch.dtype
+    variant: str
     shapes_source: str
     seed: int
     timer: Timer
@@ -121,20 +122,27 @@ def run_runner(
     spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
     dims: dict[str, int], timer: Timer,
 ) -> ShapeResult:
-    """Check one runner on one shape (poisoned outputs, SNR per output), then time fwd and bwd."""
+    """Check one runner on one shape (poisoned outputs, SNR per output), then time fwd and bwd.
+
+    A forward-only baseline is checked and timed on the forward alone (backward columns NaN).
+    """
     flops = spec.flops(problem)
+    backward = runner.backward
+    checked = spec.outputs if backward else spec.forward_outputs
     try:
         outputs = spec.make_outputs(problem, inputs)
         for t in outputs.values():
             t.fill_(math.nan)
-        runner.forward(inputs, outputs)
-        runner.backward(inputs, outputs)
+        produced = runner.forward(problem, inputs, outputs) or {}
+        if backward:
+            produced |= backward(problem, inputs, outputs) or {}
         _synchronize(problem.device)
+        results = outputs | produced
         formats = spec.snr_formats(problem)
-        snrs = {name: snr_db(outputs[name], ref[name]) for name in spec.outputs}
-        passed = all(snr_passes(snrs[name], formats[name]) for name in spec.outputs)
-        fwd = timer.time(lambda: runner.forward(inputs, outputs))
-        bwd = timer.time(lambda: runner.backward(inputs, outputs))
+        snrs = {name: snr_db(results[name], ref[name]) for name in checked}
+        passed = all(snr_passes(snrs[name], formats[name]) for name in checked)
+        fwd = timer.time(lambda: runner.forward(problem, inputs, outputs))
+        bwd = timer.time(lambda: backward(problem, inputs, outputs)) if backward else NAN_TIMING
     except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
         return _failed(shape, dims, _describe(exc), flops)
     return ShapeResult(shape, dims, PASS if passed else FAIL, snrs, fwd, bwd, flops)
@@ -142,11 +150,11 @@ def run_runner(
 
 def run_shape(
     spec: OpSpec, runners: Sequence[Runner], shape: Shape, dims: dict[str, int], dtype: torch.dtype,
-    device: torch.device, seed: int, timer: Timer,
+    device: torch.device, seed: int, timer: Timer, variant: str = "default",
 ) -> dict[str, ShapeResult]:
     """Every runner on one shape, all on the same inputs and reference."""
     problem = Problem(dims=dims, dtype=dtype, device=device, seed=shape_seed(seed, shape.label),
-                      group_lens=shape.group_lens)
+                      group_lens=shape.group_lens, variant=variant)
     try:
         inputs = spec.make_inputs(problem)
         ref = spec.reference(inputs)
@@ -164,6 +172,7 @@ def prepare_bench(
     *,
     shapes_source: str,
     dtype: str = "auto",
+    variant: str | None = None,
     timing_mode: str | None = None,
     repeats: int | None = None,
     warmup: int | None = None,
@@ -176,13 +185,17 @@ def prepare_bench(
         raise UserError(f"op {spec.name} checks outputs {spec.outputs}, schema '{schema.name}' has {schema.outputs}")
     device = default_device()
     torch_dtype = resolve_dtype(spec, dtype, device)
+    variant = variant or spec.variants[0]
+    if variant not in spec.variants:
+        raise UserError(f"op {spec.name} has no variant '{variant}' (variants: {', '.join(spec.variants)})")
     try:
         timer = Timer(device, timing_mode, repeats, warmup)  # type: ignore[arg-type]
     except ValueError as exc:
         raise UserError(str(exc)) from None
     dims = {s.label: schema.resolve_dims(s.dims, f"shape '{s.label}'") for s in shapes}
-    runners = [spec.runner, *(spec.baselines if compare_baselines else ())]
-    return BenchRun(spec, schema, list(shapes), dims, runners, torch_dtype, shapes_source, seed, timer)
+    baselines = [b for b in spec.baselines if b.supports(variant)] if compare_baselines else []
+    return BenchRun(spec, schema, list(shapes), dims, [spec.runner, *baselines], torch_dtype, variant,
+                    shapes_source, seed, timer)
 
 
 def execute_bench(run: BenchRun, on_shape: Callable[[Shape], None] | None = None) -> BenchRun:
@@ -190,7 +203,7 @@ def execute_bench(run: BenchRun, on_shape: Callable[[Shape], None] | None = None
     run.results = {r.name: [] for r in run.runners}
     for shape in run.shapes:
         results = run_shape(run.spec, run.runners, shape, run.dims[shape.label], run.dtype,
-                            run.timer.device, run.seed, run.timer)
+                            run.timer.device, run.seed, run.timer, run.variant)
         for name, result in results.items():
             run.results[name].append(result)
         if on_shape:
@@ -223,6 +236,7 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
         write_summary(path, run.schema, [r.row(run.schema) for r in results])
         meta = BenchMeta(
             op=run.spec.name, runner=name, csv_schema=run.schema.name, dtype=dtype_name(run.dtype),
+            variant=run.variant,
             shapes=run.shapes_source, seed=run.seed, timing=timing,
             errors={r.shape.label: r.error for r in results if r.error},
             baseline_csvs={n: p.name for n, p in csv_paths.items() if name == run.spec.runner.name and p != path},

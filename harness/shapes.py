@@ -179,6 +179,24 @@ def moe_preset(model: str) -> list[Shape]:
     return shapes
 
 
+HEADLINE_MODELS = ("deepseek-v3", "qwen3-235b", "gpt-oss-120b")
+
+
+def moe_headline() -> list[Shape]:
+    """The expert GEMMs we report against the vendor libraries: GateUP and Down of DeepSeek-V3,
+    Qwen3-235B and GPT-OSS-120B at the largest EP size, 4096 tokens per expert, uniform and with one
+    expert taking half of the same total."""
+    shapes = []
+    for model in HEADLINE_MODELS:
+        spec = MOE_MODELS[model]
+        ep, tokens = spec.ep_sizes[-1], MOE_TOKENS[-1]
+        for case, (n, k) in spec.cases().items():
+            for skew in ("uniform", "hot"):
+                label = f"{model}/{case}/ep{ep}/m{tokens}/{skew}"
+                shapes.append(grouped_shape(label, spec.experts // ep, tokens, n, k, skew))
+    return shapes
+
+
 def dense_smoke() -> list[Shape]:
     """Small, odd shapes for the CPU interpreter: edges in every dimension."""
     return [
@@ -202,6 +220,7 @@ PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
     },
     "grouped_gemm": {
         "smoke": grouped_smoke,
+        "headline": moe_headline,
         **{name: (lambda name=name: moe_preset(name)) for name in MOE_MODELS},
     },
 }

@@ -52,8 +52,8 @@ def test_a_shape_that_raises_is_a_fail_row_and_the_run_goes_on(tmp_path):
 def test_wrong_results_fail_the_check():
     spec = get_spec("gemm")
 
-    def forward_that_skips_the_last_row(inputs, outputs):
-        spec.runner.forward(inputs, outputs)
+    def forward_that_skips_the_last_row(problem, inputs, outputs):
+        spec.runner.forward(problem, inputs, outputs)
         outputs["out"][-1].zero_()
 
     broken = dataclasses.replace(spec, runner=dataclasses.replace(spec.runner, forward=forward_that_skips_the_last_row))
@@ -66,8 +66,8 @@ def test_wrong_results_fail_the_check():
 def test_outputs_are_poisoned_before_the_checked_run():
     spec = get_spec("gemm")
 
-    def backward_that_forgets_db(inputs, outputs):
-        spec.runner.backward(inputs, {"da": outputs["da"], "db": outputs["db"].clone()})
+    def backward_that_forgets_db(problem, inputs, outputs):
+        spec.runner.backward(problem, inputs, {"da": outputs["da"], "db": outputs["db"].clone()})
 
     lazy = dataclasses.replace(spec, runner=dataclasses.replace(spec.runner, backward=backward_that_forgets_db))
     run = run_bench(lazy, [Shape(label="s", dims={"M": 32, "N": 32, "K": 32})], shapes_source="t", repeats=1, warmup=0)

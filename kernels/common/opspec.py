@@ -25,20 +25,29 @@ class Problem:
     seed: int = 0
     # Tokens per group for grouped ops (skewed splits, empty groups); None for dense ops.
     group_lens: tuple[int, ...] | None = None
+    # One of the op's variants (e.g. an FP8 format and granularity); "default" for ops without any.
+    variant: str = "default"
 
 
 @dataclass(frozen=True)
 class Runner:
     """A way to compute the op: ours, or a baseline timed under the same method.
 
-    `forward(inputs, outputs)` writes the forward outputs, `backward(inputs, outputs)` the gradients,
-    both into the preallocated buffers of `outputs` (so the harness can poison them first and the
-    same buffers are reused while timing, without allocation in the timed region).
+    `forward(problem, inputs, outputs)` writes the forward outputs, `backward(...)` the gradients,
+    into the preallocated buffers of `outputs` (so the harness can poison them first and the same
+    buffers are reused while timing, without allocation in the timed region). A baseline whose
+    library call cannot write into given buffers returns the tensors it made instead. A baseline
+    without a backward (a forward-only library op) has `backward=None`; a baseline that applies to
+    some variants only lists them.
     """
 
     name: str
-    forward: Callable[[Tensors, Tensors], None]
-    backward: Callable[[Tensors, Tensors], None]
+    forward: Callable[[Problem, Tensors, Tensors], Tensors | None]
+    backward: Callable[[Problem, Tensors, Tensors], Tensors | None] | None
+    variants: tuple[str, ...] | None = None
+
+    def supports(self, variant: str) -> bool:
+        return self.variants is None or variant in self.variants
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ class OpSpec:
     snr_formats: Callable[[Problem], dict[str, str]]
     runner: Runner
     baselines: tuple[Runner, ...] = field(default_factory=tuple)
+    # Variants a benchmark can pick (the first is the default), e.g. "e4m3-rowwise".
+    variants: tuple[str, ...] = ("default",)
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -59,22 +59,22 @@ def snr_formats(problem: Problem) -> dict[str, str]:
     return {"out": name, "da": name, "db": name}
 
 
-def _forward(inputs: Tensors, outputs: Tensors) -> None:
+def _forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     gemm_forward(inputs["a"], inputs["b"], trans_b=True, out=outputs["out"])
 
 
-def _backward(inputs: Tensors, outputs: Tensors) -> None:
+def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     gemm_backward(
         inputs["grad_out"], inputs["a"], inputs["b"], trans_b=True,
         grad_a=outputs["da"], grad_b=outputs["db"],
     )
 
 
-def _torch_forward(inputs: Tensors, outputs: Tensors) -> None:
+def _torch_forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     torch.matmul(inputs["a"], inputs["b"].t(), out=outputs["out"])
 
 
-def _torch_backward(inputs: Tensors, outputs: Tensors) -> None:
+def _torch_backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     # What autograd runs for a Linear layer's matmul: dgrad and wgrad, cuBLAS on the GPU.
     torch.matmul(inputs["grad_out"], inputs["b"], out=outputs["da"])
     torch.matmul(inputs["grad_out"].t(), inputs["a"], out=outputs["db"])

@@ -1,0 +1,240 @@
+"""Grouped GEMM kernels for MoE experts: one M-grouped kernel (forward and dgrad) and one K-grouped
+kernel (the variable-K wgrad), shared by the bf16 op and the FP8 op.
+
+Group g owns rows [offs[g], offs[g+1]) of the token-major tensors. `offs` stays on the device: no
+host sync, so every launch is CUDA-graph safe and nothing is specialized on group sizes. Operand
+layouts are strides, so NT, NN and TN need no copies. FP8 scales are strided views that broadcast:
+a tensorwise scale has stride 0 where a rowwise one has stride 1, so one indexing serves all
+granularities; SCALE picks where they apply (epilogue, or per 128-wide K block for blockwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.device import interpreter_mode
+
+SCALE_NONE, SCALE_EPILOGUE, SCALE_PER_K_BLOCK = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Scales:
+    """Scale views for a scaled launch: for A indexed [row, k_block], for B [group, out, k_block].
+
+    `b_out_div` maps an output column to its scale index (128 for 128x128 weight blocks, else 1).
+    """
+
+    a: torch.Tensor
+    a_strides: tuple[int, int]
+    b: torch.Tensor
+    b_strides: tuple[int, int, int]
+    b_out_div: int = 1
+    per_k_block: bool = False
+
+
+@triton.jit
+def _grouped_mm_kernel(
+    a_ptr, b_ptr, c_ptr, offs_ptr, sa_ptr, sb_ptr,
+    G, N, K,
+    stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
+    stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+    SB_OUT_DIV: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
+    """C[rows_g] = A[rows_g] @ B_g^T for every group; B_g is [N, K] through its strides.
+
+    Persistent: NUM_PROGRAMS programs walk the tiles of all groups in order, so the tile count
+    (which depends on the group sizes) is never needed on the host; empty groups have no tiles.
+    """
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    tile = pid
+    tiles_before = 0
+    for g in range(G):
+        start = tl.load(offs_ptr + g)
+        end = tl.load(offs_ptr + g + 1)
+        num_m = tl.cdiv((end - start).to(tl.int32), BLOCK_M)
+        tiles_g = num_m * num_n
+        while tile < tiles_before + tiles_g:
+            local = tile - tiles_before
+            # Grouped-M order inside the group: GROUP_M row bands walk the N tiles together (L2 reuse).
+            band = GROUP_M * num_n
+            first_m = (local // band) * GROUP_M
+            band_m = min(num_m - first_m, GROUP_M)
+            pid_m = first_m + (local % band) % band_m
+            pid_n = (local % band) // band_m
+
+            rows = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = rows < end
+            col_mask = cols < N
+            offs_k = tl.arange(0, BLOCK_K)
+            a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+            # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
+            b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
+            b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kb in range(0, tl.cdiv(K, BLOCK_K)):
+                k_mask = offs_k < K - kb * BLOCK_K
+                a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+                if SCALE == 2:
+                    sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
+                    sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn + kb * stride_sbk,
+                                 mask=col_mask, other=0.0)
+                    acc += tl.dot(a, b.T) * sa[:, None] * sb[None, :]
+                else:
+                    acc = tl.dot(a, b.T, acc)
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K * stride_bk
+            if SCALE == 1:
+                sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0)
+                sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
+                acc = acc * sa[:, None] * sb[None, :]
+            c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+            tile += NUM_PROGRAMS
+        tiles_before += tiles_g
+
+
+@triton.jit
+def _grouped_mm_vark_kernel(
+    x_ptr, y_ptr, c_ptr, offs_ptr, blk_offs_ptr, sx_ptr, sy_ptr,
+    P, Q,
+    stride_xp, stride_xt, stride_yq, stride_yt, stride_cg, stride_cp,
+    stride_sxg, stride_sxp, stride_sxb, stride_syg, stride_syq, stride_syb,
+    SCALE: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_P: tl.constexpr,
+):
+    """C[g] = X_g @ Y_g^T, reducing over group g's tokens t in [offs[g], offs[g+1]) (variable K).
+
+    X is [P, tokens] and Y is [Q, tokens] through their strides (token-major bf16 operands, or the
+    K-major transposed FP8 copies). Grid: (tiles of one [P, Q] output, groups); an empty group's
+    tiles store zeros.
+    """
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    num_p = tl.cdiv(P, BLOCK_P)
+    num_q = tl.cdiv(Q, BLOCK_Q)
+    band = GROUP_P * num_q
+    first_p = (pid // band) * GROUP_P
+    band_p = min(num_p - first_p, GROUP_P)
+    pid_p = first_p + (pid % band) % band_p
+    pid_q = (pid % band) // band_p
+
+    start = tl.load(offs_ptr + g)
+    end = tl.load(offs_ptr + g + 1)
+    ps = (pid_p * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+    qs = (pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)).to(tl.int64)
+    p_mask = ps < P
+    q_mask = qs < Q
+    offs_t = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + ps[:, None] * stride_xp + (start + offs_t)[None, :] * stride_xt
+    y_ptrs = y_ptr + qs[:, None] * stride_yq + (start + offs_t)[None, :] * stride_yt
+    acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
+    if SCALE == 2:
+        blk = tl.load(blk_offs_ptr + g)
+    for kb in range(0, tl.cdiv((end - start).to(tl.int32), BLOCK_K)):
+        t_mask = offs_t < end - start - kb * BLOCK_K
+        x = tl.load(x_ptrs, mask=p_mask[:, None] & t_mask[None, :], other=0.0)
+        y = tl.load(y_ptrs, mask=q_mask[:, None] & t_mask[None, :], other=0.0)
+        if SCALE == 2:
+            sx = tl.load(sx_ptr + ps * stride_sxp + blk * stride_sxb, mask=p_mask, other=0.0)
+            sy = tl.load(sy_ptr + qs * stride_syq + blk * stride_syb, mask=q_mask, other=0.0)
+            acc += tl.dot(x, y.T) * sx[:, None] * sy[None, :]
+            blk += 1
+        else:
+            acc = tl.dot(x, y.T, acc)
+        x_ptrs += BLOCK_K * stride_xt
+        y_ptrs += BLOCK_K * stride_yt
+    if SCALE == 1:
+        sx = tl.load(sx_ptr + g * stride_sxg + ps * stride_sxp, mask=p_mask, other=0.0)
+        sy = tl.load(sy_ptr + g * stride_syg + qs * stride_syq, mask=q_mask, other=0.0)
+        acc = acc * sx[:, None] * sy[None, :]
+    c_ptrs = c_ptr + tl.cast(g, tl.int64) * stride_cg + ps[:, None] * stride_cp + qs[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=p_mask[:, None] & q_mask[None, :])
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int
+    num_warps: int
+    num_stages: int
+
+
+def _num_programs(device: torch.device, max_tiles: int) -> int:
+    if interpreter_mode() or device.type != "cuda":
+        return max(1, min(max_tiles, 4))
+    return max(1, min(max_tiles, torch.cuda.get_device_properties(device).multi_processor_count))
+
+
+def grouped_mm(
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: GroupedConfig,
+    scales: Scales | None = None,
+) -> torch.Tensor:
+    """out[rows_g] = a[rows_g] @ b[g]^T: a [M, K] with contiguous rows, b [G, N, K] any strides."""
+    (M, K), (G, N, _) = a.shape, b.shape
+    if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
+        raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
+    if M == 0 or N == 0:
+        return out
+    # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
+    max_tiles = (triton.cdiv(M, cfg.BLOCK_M) + G) * triton.cdiv(N, cfg.BLOCK_N)
+    programs = _num_programs(a.device, max_tiles)
+    s = scales or Scales(a, (0, 0), a, (0, 0, 0))
+    mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.per_k_block else SCALE_EPILOGUE)
+    _grouped_mm_kernel[(programs,)](
+        a, b, out, offs, s.a, s.b,
+        G, N, K,
+        a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
+        *s.a_strides, *s.b_strides,
+        SB_OUT_DIV=s.b_out_div, SCALE=mode,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class VarKScales:
+    """Scale views for the variable-K kernel: X's indexed [group, p, token_block], Y's [group, q, token_block]."""
+
+    x: torch.Tensor
+    x_strides: tuple[int, int, int]
+    y: torch.Tensor
+    y_strides: tuple[int, int, int]
+    block_offs: torch.Tensor | None = None  # per-group first token-block index (blockwise)
+
+
+def grouped_mm_vark(
+    x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: GroupedConfig,
+    scales: VarKScales | None = None,
+) -> torch.Tensor:
+    """out[g] = x[:, rows_g] @ y[:, rows_g]^T: x [P, M], y [Q, M] (any strides), out [G, P, Q]."""
+    (P, _), (Q, _) = x.shape, y.shape
+    G = offs.numel() - 1
+    if scales is not None and scales.block_offs is not None and cfg.BLOCK_K != 128:
+        raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
+    if G == 0 or P == 0 or Q == 0:
+        return out
+    s = scales or VarKScales(x, (0, 0, 0), x, (0, 0, 0))
+    mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.block_offs is not None else SCALE_EPILOGUE)
+    grid = (triton.cdiv(P, cfg.BLOCK_M) * triton.cdiv(Q, cfg.BLOCK_N), G)
+    _grouped_mm_vark_kernel[grid](
+        x, y, out, offs, s.block_offs if s.block_offs is not None else offs, s.x, s.y,
+        P, Q,
+        x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1),
+        *s.x_strides, *s.y_strides,
+        SCALE=mode, BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

@@ -1,0 +1,49 @@
+"""grouped_gemm (bf16/fp16): the tunable space and the tuned table (pass/bucket -> launch config).
+
+The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
+Buckets are `<pass>/<size>`: pass is fwd, dgrad or wgrad; size is "small" when the average
+group has fewer than SMALL_GROUP_TOKENS tokens, else "large".
+"""
+
+from __future__ import annotations
+
+from kernels.grouped_gemm.kernel import GroupedConfig
+
+TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
+    "BLOCK_M": (64, 128, 256),
+    "BLOCK_N": (64, 128, 256),
+    "BLOCK_K": (32, 64, 128),
+    "GROUP_M": (1, 4, 8, 16),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+
+TUNED_TABLE: dict[str, dict[str, int]] = {
+    "fwd/small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "dgrad/small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+}
+
+SMALL_GROUP_TOKENS = 1024
+PASSES = ("fwd", "dgrad", "wgrad")
+
+
+def bucket(pass_name: str, total_tokens: int, groups: int) -> str:
+    size = "small" if total_tokens < SMALL_GROUP_TOKENS * max(groups, 1) else "large"
+    return f"{pass_name}/{size}"
+
+
+def validated(table: dict[str, dict[str, int]], space: dict[str, tuple[int, ...]], key: str) -> GroupedConfig:
+    """The table's config for `key`, refused if a knob lies outside the tunable space."""
+    cfg = table[key]
+    for knob, allowed in space.items():
+        if cfg.get(knob) not in allowed:
+            raise ValueError(f"tuned table {key}: {knob}={cfg.get(knob)} is outside the tunable space {allowed}")
+    return GroupedConfig(**cfg)
+
+
+def config_for(pass_name: str, total_tokens: int, groups: int) -> GroupedConfig:
+    return validated(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))

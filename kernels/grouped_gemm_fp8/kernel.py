@@ -1,0 +1,106 @@
+"""grouped_gemm_fp8: the FP8 passes of the expert GEMMs, over the shared grouped kernels.
+
+Each pass quantizes its operands into the layout wgmma wants (fp8 operands K-major: the
+reduction dim contiguous), with one Triton kernel per operand that reads the high-precision tensor
+once, and hands the shared M-grouped or variable-K kernel strided scale views:
+
+    pass    reduction   A operand (rows)          B operand (per group)
+    fwd     K           a, along K                b as [N, K]
+    dgrad   N           grad_out, along N         b as [K, N]
+    wgrad   tokens      grad_out^T, per group     a^T, per group
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common.fp8 import Granularity, block_offsets, quantize_blocks_2d, quantize_cols_t, quantize_rows
+from kernels.grouped_gemm.kernel import Scales, VarKScales, grouped_mm, grouped_mm_vark
+from kernels.grouped_gemm_fp8.tuning import config_for
+
+
+def _uniform_offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(groups + 1, device=device, dtype=torch.int64) * rows
+
+
+class QuantizedWeight:
+    """An expert weight quantized for one pass: `data` is [G, out, red] (red contiguous) plus its scales.
+
+    `w` is the weight as stored, [G, R, C] contiguous. A pass reduces over C (the stored rows are
+    already K-major) or over R (the weight is quantized column-wise and written transposed). The
+    128x128 blocks of BLOCKWISE serve both orientations with one set of scales, so `blocks` carries
+    the result of one `quantize_blocks_2d` from the forward to the dgrad.
+    """
+
+    def __init__(
+        self, w: torch.Tensor, reduce_over_rows: bool, fp8_dtype: torch.dtype, granularity: Granularity,
+        blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        G, R, C = w.shape
+        self.out_div = 1
+        if granularity == Granularity.BLOCKWISE:
+            self.blocks = blocks or quantize_blocks_2d(w, fp8_dtype)
+            q, qt, s = self.blocks
+            self.data = qt if reduce_over_rows else q
+            self.scale = s
+            # s is indexed [g, row block, col block]; out is C (reducing rows) or R.
+            self.strides = (s.stride(0), s.stride(2), s.stride(1)) if reduce_over_rows else s.stride()
+            self.out_div = 128
+        elif reduce_over_rows:
+            segment = _uniform_offsets(G, R, w.device)
+            qt, s = quantize_cols_t(w.reshape(G * R, C), segment, fp8_dtype, granularity, per_segment_tensor_scale=True)
+            self.data = qt.view(C, G, R).permute(1, 0, 2)  # [G, C(out), R(red)], red contiguous
+            self.scale = s
+            self.strides = (1, 0, 0) if granularity == Granularity.TENSORWISE else (s.stride(0), s.stride(1), 0)
+        else:
+            q, s = quantize_rows(w.reshape(G * R, C), fp8_dtype, granularity, segment_rows=R)
+            self.data = q.view(G, R, C)
+            self.scale = s
+            self.strides = (1, 0, 0) if granularity == Granularity.TENSORWISE else (R, 1, 0)
+
+
+def _row_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int]:
+    """A-operand scale view [row, k_block]: tensorwise broadcasts, rowwise per row, blockwise 1x128."""
+    if granularity == Granularity.TENSORWISE:
+        return (0, 0)
+    if granularity == Granularity.ROWWISE:
+        return (1, 0)
+    return scale.stride()
+
+
+def m_grouped_fp8(
+    pass_name: str, x: torch.Tensor, x_dtype: torch.dtype, weight: QuantizedWeight, offs: torch.Tensor,
+    granularity: Granularity, out: torch.Tensor,
+) -> None:
+    """out[rows_g] = x[rows_g] @ weight_g^T with x quantized along its rows (forward and dgrad)."""
+    xq, sx = quantize_rows(x, x_dtype, granularity)
+    scales = Scales(
+        a=sx, a_strides=_row_scale_strides(sx, granularity), b=weight.scale, b_strides=weight.strides,
+        b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
+    )
+    cfg = config_for(pass_name, x.shape[0], weight.data.shape[0])
+    grouped_mm(xq, weight.data, offs, out, cfg, scales)
+
+
+def _vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:
+    """Variable-K operand scale view [group, row, token_block] for quantize_cols_t's scales."""
+    if granularity == Granularity.TENSORWISE:
+        return (0, 0, 0)
+    if granularity == Granularity.ROWWISE:
+        return (scale.stride(0), scale.stride(1), 0)
+    return (0, scale.stride(0), scale.stride(1))
+
+
+def vark_fp8(
+    x: torch.Tensor, x_dtype: torch.dtype, y: torch.Tensor, y_dtype: torch.dtype, offs: torch.Tensor,
+    granularity: Granularity, out: torch.Tensor,
+) -> None:
+    """out[g] = x_g^T @ y_g over group g's tokens: x [M, P] and y [M, Q], quantized per group."""
+    xt, sx = quantize_cols_t(x, offs, x_dtype, granularity)
+    yt, sy = quantize_cols_t(y, offs, y_dtype, granularity)
+    scales = VarKScales(
+        x=sx, x_strides=_vark_scale_strides(sx, granularity), y=sy, y_strides=_vark_scale_strides(sy, granularity),
+        block_offs=block_offsets(offs) if granularity == Granularity.BLOCKWISE else None,
+    )
+    cfg = config_for("wgrad", x.shape[0], out.shape[0])
+    grouped_mm_vark(xt, yt, offs, out, cfg, scales)

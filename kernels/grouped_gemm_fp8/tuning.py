@@ -1,0 +1,33 @@
+"""grouped_gemm_fp8: the tunable space and the tuned table (pass/bucket -> launch config).
+
+The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
+Buckets as in kernels/grouped_gemm/tuning.py. BLOCK_K is 128: blockwise scaling promotes the
+accumulator once per 128-wide K block, and fp8 tiles want 128 bytes of K per row anyway.
+"""
+
+from __future__ import annotations
+
+from kernels.grouped_gemm.kernel import GroupedConfig
+from kernels.grouped_gemm.tuning import bucket, validated
+
+TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
+    "BLOCK_M": (64, 128, 256),
+    "BLOCK_N": (64, 128, 256),
+    "BLOCK_K": (128,),
+    "GROUP_M": (1, 4, 8, 16),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+
+TUNED_TABLE: dict[str, dict[str, int]] = {
+    "fwd/small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "dgrad/small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+}
+
+
+def config_for(pass_name: str, total_tokens: int, groups: int) -> GroupedConfig:
+    return validated(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))
