@@ -1,0 +1,151 @@
+"""Per-pass timing of the grouped GEMMs next to torch, on one GPU, with the harness's timer.
+
+`turbo-opt bench` times a whole forward and a whole backward; this splits them so each pass meets
+its own anchor: bf16 forward vs torch._grouped_mm, dgrad vs its NN form, wgrad vs its variable-K
+form; FP8 GEMMs on pre-quantized operands vs torch._scaled_grouped_mm (rowwise); and each FP8
+quantization kernel in GB/s (bytes read + written).
+
+    python benchmarks/grouped_passes.py --shapes headline --csv passes.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import kernels  # noqa: F401  (interpreter switch before triton loads)
+from harness.shapes import load_shapes
+from harness.timing import Timer
+from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_cols_t, quantize_rows
+from kernels.common.opspec import Problem
+from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
+from kernels.grouped_gemm.kernel import Scales, grouped_mm
+from kernels.grouped_gemm.spec import make_inputs
+from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
+from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, _row_scale_strides, config_for
+
+
+def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) -> list[dict[str, object]]:
+    a, b, g, lens = inputs["a"], inputs["b"], inputs["grad_out"], inputs["group_lens"]
+    M, K = a.shape
+    G, N, _ = b.shape
+    gemm_flops = 2.0 * M * N * K
+    offs = group_offsets(lens)
+    offs32 = torch.cumsum(lens, dim=0, dtype=torch.int32)
+    out, da, db = a.new_empty(M, N), torch.empty_like(a), torch.empty_like(b)
+    rows: list[dict[str, object]] = []
+
+    def compare(what: str, ours: Callable[[], object], theirs: Callable[[], object] | None, anchor: str) -> None:
+        t_ours = timer.time(ours).median_ms
+        t_theirs = timer.time(theirs).median_ms if theirs else math.nan
+        rows.append({
+            "label": label, "pass": what, "ours_ms": t_ours, "ours_tflops": gemm_flops / t_ours / 1e9,
+            "anchor": anchor, "anchor_ms": t_theirs, "anchor_tflops": gemm_flops / t_theirs / 1e9,
+            "ratio": t_theirs / t_ours,
+        })
+
+    def bandwidth(what: str, fn: Callable[[], object], nbytes: float) -> None:
+        t = timer.time(fn).median_ms
+        rows.append({"label": label, "pass": what, "ours_ms": t, "ours_GBps": nbytes / t / 1e6})
+
+    compare("bf16 fwd", lambda: grouped_forward(a, b, offs, True, out),
+            lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs32), "torch._grouped_mm")
+    compare("bf16 dgrad", lambda: grouped_dgrad(g, b, offs, True, da),
+            lambda: torch._grouped_mm(g, b, offs=offs32), "torch._grouped_mm")
+    compare("bf16 wgrad", lambda: grouped_wgrad(g, a, offs, True, db),
+            lambda: torch._grouped_mm(g.t(), a, offs=offs32), "torch._grouped_mm var-K")
+
+    e4m3 = torch.float8_e4m3fn
+    a_q, sa = quantize_rows(a, e4m3, Granularity.ROWWISE)
+    w = QuantizedWeight(b, False, e4m3, Granularity.ROWWISE)
+    scales = Scales(sa, _row_scale_strides(sa, Granularity.ROWWISE), w.scale, w.strides)
+    cfg = config_for("fwd", M, G)
+    sb = w.scale.view(G, N)
+    compare("fp8 rowwise GEMM only", lambda: grouped_mm(a_q, w.data, offs, out, cfg, scales),
+            lambda: torch._scaled_grouped_mm(a_q, w.data.transpose(-2, -1), sa, sb, offs=offs32,
+                                             out_dtype=a.dtype, use_fast_accum=True),
+            "torch._scaled_grouped_mm")
+    for gran in Granularity:
+        cfg8 = Float8Config(Format.HYBRID, gran)
+        compare(f"fp8 {gran.value} fwd (with quant)", lambda c=cfg8: fp8_forward(a, b, offs, True, c, out), None, "")
+        compare(f"fp8 {gran.value} dgrad (with quant)", lambda c=cfg8: fp8_dgrad(g, b, offs, True, c, da), None, "")
+        compare(f"fp8 {gran.value} wgrad (with quant)", lambda c=cfg8: fp8_wgrad(g, a, offs, True, c, db), None, "")
+    elt = a.element_size()
+    bandwidth("quantize_rows(a) rowwise", lambda: quantize_rows(a, e4m3, Granularity.ROWWISE), M * K * (2 * elt + 1))
+    bandwidth("quantize_cols_t(grad_out) rowwise",
+              lambda: quantize_cols_t(g, offs, e4m3, Granularity.ROWWISE), M * N * (2 * elt + 1))
+    bandwidth("quantize_cols_t(a) blockwise",
+              lambda: quantize_cols_t(a, offs, e4m3, Granularity.BLOCKWISE), M * K * (elt + 1))
+    bandwidth("QuantizedWeight(b) blockwise", lambda: QuantizedWeight(b, False, e4m3, Granularity.BLOCKWISE),
+              G * N * K * (elt + 2))
+    return rows
+
+
+def sweep_blockwise(inputs: dict[str, torch.Tensor], timer: Timer) -> list[dict[str, object]]:
+    """The blockwise forward GEMM (pre-quantized) under several tile configs."""
+    from kernels.grouped_gemm.kernel import GroupedConfig
+
+    a, b, lens = inputs["a"], inputs["b"], inputs["group_lens"]
+    M, K = a.shape
+    N = b.shape[1]
+    offs = group_offsets(lens)
+    e4m3 = torch.float8_e4m3fn
+    a_q, sa = quantize_rows(a, e4m3, Granularity.BLOCKWISE)
+    w = QuantizedWeight(b, False, e4m3, Granularity.BLOCKWISE)
+    scales = Scales(sa, sa.stride(), w.scale, w.strides, w.out_div, per_k_block=True)
+    out = a.new_empty(M, N)
+    rows = []
+    for bm, bn, warps, stages in ((128, 256, 8, 3), (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4),
+                                  (64, 256, 4, 3), (256, 128, 8, 3), (64, 128, 4, 4)):
+        cfg = GroupedConfig(bm, bn, 128, 8, warps, stages)
+        try:
+            t = timer.time(lambda c=cfg: grouped_mm(a_q, w.data, offs, out, c, scales)).median_ms
+        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
+            print(f"config {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        rows.append({"label": f"sweep {bm}x{bn} w{warps} s{stages}", "pass": "fp8 blockwise GEMM only",
+                     "ours_ms": t, "ours_tflops": 2.0 * M * N * K / t / 1e9})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="headline", help="grouped_gemm shape preset or YAML file")
+    parser.add_argument("--only", default="", help="keep shapes whose label contains this")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--csv", default=None, help="write all rows here")
+    parser.add_argument("--sweep", action="store_true", help="also sweep blockwise tile configs on the first shape")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    timer = Timer(device, repeats=args.repeats, warmup=3)
+    rows = []
+    for shape in load_shapes("grouped_gemm", args.shapes):
+        if args.only not in shape.label:
+            continue
+        problem = Problem(dims=shape.dims, dtype=torch.bfloat16, device=device, seed=0, group_lens=shape.group_lens)
+        inputs = make_inputs(problem)
+        if args.sweep and not any(str(r["label"]).startswith("sweep") for r in rows):
+            rows += sweep_blockwise(inputs, timer)
+        rows += rows_for_shape(shape.label, inputs, timer)
+    frame = pd.DataFrame(rows)
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+    table = Table(title=f"grouped passes on {torch.cuda.get_device_name()}")
+    columns = ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio", "ours_GBps")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("label", "pass", "anchor") else "right")
+    for row in rows:
+        table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
+    Console(width=220).print(table)
+    ratios = frame.dropna(subset=["ratio"]).groupby("pass")["ratio"].apply(lambda r: math.exp(r.map(math.log).mean()))
+    Console(width=220).print("geomean ratio (anchor ms / ours ms) by pass:\n" + ratios.to_string())
+
+
+if __name__ == "__main__":
+    main()
