@@ -100,6 +100,7 @@ SHAPES_HELP = "A preset of the op (see `turbo-opt ops`) or a .yaml shape file."
 CSV_HELP = "Write the frozen-schema summary CSV (and its .meta.json sidecar) here."
 BASELINES_HELP = "Also check and time the op's baselines, with ratio columns."
 DTYPE_HELP = "Input dtype; auto = bf16 on a GPU, fp16 under the CPU interpreter."
+VARIANT_HELP = "The op's variant, e.g. e4m3-rowwise for grouped_gemm_fp8 (see `turbo-opt ops`)."
 
 
 @exit_on_user_error
@@ -111,7 +112,7 @@ def bench(
     warmup: Annotated[int | None, typer.Option(help="Untimed calls before timing (default by timing mode).")] = None,
     compare_baselines: Annotated[bool, typer.Option(help=BASELINES_HELP)] = False,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
-    variant: Annotated[str | None, typer.Option(help="The op's variant, e.g. e4m3-rowwise (see `turbo-opt ops`).")] = None,
+    variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
     timing: Annotated[str | None, typer.Option(help=f"One of {', '.join(TIMING_MODES)} (default by device).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
 ) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the grouped GEMMs: GPU tests, then bf16 and FP8 benchmarks next to torch's
-# grouped GEMMs, packed into $OUT/results.tgz.   usage: scripts/gpu_grouped.sh [preset] [repeats]
+# One device call for the grouped GEMMs: GPU tests (bf16 paths on the device), per-pass timings,
+# then bf16 and FP8 benchmarks next to torch's grouped GEMMs, packed into $OUT/results.tgz.
+#   usage: scripts/gpu_grouped.sh [preset] [repeats]
 set -uo pipefail
 OUT=${OUT:-/tmp/turbo-opt-out}
 WORK=$(mktemp -d)
@@ -11,6 +12,9 @@ repeats=${2:-20}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$WORK/gpu.txt"
 
 python3 -m pytest -m gpu -q tests 2>&1 | tee "$WORK/pytest-gpu.log"
+python3 -m pytest -q tests/test_grouped_gemm.py tests/test_fp8_quant.py 2>&1 | tee "$WORK/pytest-grouped-on-gpu.log"
+python3 benchmarks/grouped_passes.py --shapes "$preset" --repeats "$repeats" --sweep --csv "$WORK/passes.csv" \
+  2>&1 | tee "$WORK/passes.log"
 
 bench() {  # name, then turbo-opt bench arguments
   local name=$1; shift
@@ -19,8 +23,7 @@ bench() {  # name, then turbo-opt bench arguments
 }
 bench bf16 --op grouped_gemm --compare-baselines
 bench fp8-rowwise --op grouped_gemm_fp8 --compare-baselines
-bench fp8-blockwise --op grouped_gemm_fp8 --variant e4m3-blockwise
+bench fp8-blockwise --op grouped_gemm_fp8 --variant e4m3-blockwise --compare-baselines
 bench fp8-hybrid-tensorwise --op grouped_gemm_fp8 --variant hybrid-tensorwise
-bench bf16-graph --op grouped_gemm --timing cuda-graph
 
 tar czf "$OUT/results.tgz" -C "$WORK" .

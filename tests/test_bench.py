@@ -79,3 +79,19 @@ def test_unsupported_dtype_is_refused():
 
     with pytest.raises(UserError, match="does not support dtype 'fp32'"):
         run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke"), shapes_source="smoke", dtype="fp32")
+
+
+@pytest.mark.parametrize(("op", "variant"), [("grouped_gemm", None), ("grouped_gemm_fp8", "hybrid-blockwise")])
+def test_grouped_smoke_bench_passes_on_skewed_and_empty_groups(op, variant):
+    shapes = load_shapes("grouped_gemm", "smoke")
+    assert any(0 in s.group_lens for s in shapes) and any(max(s.group_lens) >= sum(s.group_lens) / 2 for s in shapes)
+    run = run_bench(get_spec(op), shapes, shapes_source="smoke", variant=variant, repeats=1, warmup=0)
+    assert run.all_pass, [(r.shape.label, r.snrs, r.error) for r in run.ours]
+
+
+def test_unknown_variant_is_refused():
+    from harness.errors import UserError
+
+    with pytest.raises(UserError, match="no variant 'e4m3-columnwise'"):
+        run_bench(get_spec("grouped_gemm_fp8"), load_shapes("grouped_gemm", "smoke"), shapes_source="smoke",
+                  variant="e4m3-columnwise")

@@ -145,18 +145,23 @@ def _quantize_rows_kernel(
 
 @triton.jit
 def _quantize_cols_t_kernel(
-    x_ptr, qt_ptr, scale_ptr, amax_ptr, offs_ptr, blk_offs_ptr,
+    x_ptr, qt_ptr, scale_ptr, amax_ptr, offs_ptr, padded_offs_ptr,
     C, stride_xm, stride_qc, stride_sg, stride_sc, stride_sb, stride_amax,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
-    MODE: tl.constexpr,  # 0 tensorwise (one amax), 1 rowwise per (segment, column), 2 blockwise 128 rows
+    MODE: tl.constexpr,  # 0 tensorwise (amax given), 1 rowwise per (segment, column), 2 blockwise 128 rows
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """q^T[c, t] for the rows t of segment g (grid: segments x column blocks); x is [M, C] row-major."""
+    """q^T[c, p + t - start] for the rows t of segment g, p = padded_offs[g] (grid: segments x column blocks).
+
+    x is [M, C] row-major. Each segment's columns in q^T start on a multiple of BLOCK_T and its
+    padding is written as zeros, so readers load whole aligned blocks without masks.
+    """
     g = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
     start = tl.load(offs_ptr + g)
     end = tl.load(offs_ptr + g + 1)
+    dest = tl.load(padded_offs_ptr + g) - start
     if MODE == 0:
         amax = tl.load(amax_ptr + g * stride_amax)
         scale = tl.zeros((BLOCK_C,), dtype=tl.float32) + tl.maximum(amax, EPS) / FP8_MAX
@@ -168,18 +173,15 @@ def _quantize_cols_t_kernel(
             amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
         scale = tl.maximum(amax, EPS) / FP8_MAX
         tl.store(scale_ptr + g * stride_sg + cols * stride_sc, scale, mask=col_mask)
-    if MODE == 2:
-        blk = tl.load(blk_offs_ptr + g)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
-        mask = (t[:, None] < end) & col_mask[None, :]
-        x = tl.load(x_ptr + t[:, None] * stride_xm + cols[None, :], mask=mask).to(tl.float32)
-        if MODE == 2:  # BLOCK_T == 128: token blocks start at the segment's first row
+        x = tl.load(x_ptr + t[:, None] * stride_xm + cols[None, :], mask=(t[:, None] < end) & col_mask[None, :])
+        x = x.to(tl.float32)
+        if MODE == 2:  # BLOCK_T == 128: one scale per column per aligned 128-row block
             scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
-            tl.store(scale_ptr + cols * stride_sc + blk * stride_sb, scale, mask=col_mask)
-            blk += 1
+            tl.store(scale_ptr + cols * stride_sc + ((t0 + dest) // BLOCK_T) * stride_sb, scale, mask=col_mask)
         q = _to_fp8_range(x / scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(qt_ptr.dtype.element_ty)
-        tl.store(qt_ptr + cols[:, None] * stride_qc + t[None, :], tl.trans(q), mask=tl.trans(mask))
+        tl.store(qt_ptr + cols[:, None] * stride_qc + (t + dest)[None, :], tl.trans(q), mask=col_mask[:, None])
 
 
 @triton.jit
@@ -258,12 +260,17 @@ def quantize_rows(
     return q, scale
 
 
-def block_offsets(group_offs: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix count of 128-row blocks per group ([G+1], on the device, no host sync)."""
+def padded_offsets(group_offs: torch.Tensor) -> torch.Tensor:
+    """Group offsets [G+1] with every group's length rounded up to 128 (on the device, no host sync)."""
     lens = group_offs[1:] - group_offs[:-1]
     out = torch.zeros_like(group_offs)
-    torch.cumsum(torch.div(lens + BLOCK - 1, BLOCK, rounding_mode="floor"), dim=0, out=out[1:])
+    torch.cumsum(torch.div(lens + BLOCK - 1, BLOCK, rounding_mode="floor") * BLOCK, dim=0, out=out[1:])
     return out
+
+
+def padded_capacity(rows: int, groups: int) -> int:
+    """Columns that hold `rows` rows split into `groups` segments each padded to 128, whatever the split."""
+    return triton.cdiv(rows + groups * (BLOCK - 1), BLOCK) * BLOCK
 
 
 def quantize_cols_t(
@@ -272,14 +279,15 @@ def quantize_cols_t(
     fp8_dtype: torch.dtype,
     granularity: Granularity,
     per_segment_tensor_scale: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize a row-major [M, C] tensor along its rows within each group, written transposed.
 
-    Rows [group_offs[g], group_offs[g+1]) form group g. Returns (q^T [C, M], scale): TENSORWISE [1]
-    (or [G] with `per_segment_tensor_scale`, for equal-sized groups such as stacked expert
-    weights), ROWWISE [G, C], BLOCKWISE [C, cdiv(M, 128) + G] indexed by
-    `block_offsets(group_offs)[g] + j` for the j-th 128-row block of group g (blocks never cross
-    groups).
+    Rows [group_offs[g], group_offs[g+1]) form group g. Returns (q^T, scale, padded_offs): q^T is
+    [C, padded_capacity(M, G)] with group g in columns [padded_offs[g], padded_offs[g+1]), each
+    group padded with zeros to a multiple of 128 so readers take aligned, unmasked 128-token
+    blocks. scale: TENSORWISE [1] (or [G] with `per_segment_tensor_scale`, for equal-sized groups
+    such as stacked expert weights), ROWWISE [G, C], BLOCKWISE [C, capacity / 128] indexed by the
+    padded column // 128 (blocks never cross groups).
     """
     if x.ndim != 2 or x.stride(1) != 1:
         raise ValueError(f"quantize_cols_t: x must be 2-D with contiguous rows, got {tuple(x.shape)}")
@@ -287,9 +295,11 @@ def quantize_cols_t(
     G = group_offs.numel() - 1
     fmt = _format_args(fp8_dtype)
     fmax = FP8_MAX[fp8_dtype]
-    qt = torch.empty((C, M), dtype=fp8_dtype, device=x.device)
-    amax, blk_offs = None, group_offs
-    amax_stride = 0
+    capacity = padded_capacity(M, G)
+    padded = padded_offsets(group_offs)
+    # Zeros beyond the last group too: a reader of the whole buffer sees no stale bytes.
+    qt = torch.zeros((C, capacity), dtype=fp8_dtype, device=x.device)
+    amax, amax_stride = None, 0
     if granularity == Granularity.TENSORWISE:
         amax_stride = int(per_segment_tensor_scale)
         amax = segment_amax(x, M // G if per_segment_tensor_scale and G else max(M, 1))
@@ -298,16 +308,16 @@ def quantize_cols_t(
         scale, mode = torch.empty((G, C), dtype=torch.float32, device=x.device), 1
         strides = (scale.stride(0), scale.stride(1), 0)
     else:
-        scale, mode = torch.empty((C, triton.cdiv(M, BLOCK) + G), dtype=torch.float32, device=x.device), 2
-        strides, blk_offs = (0, scale.stride(0), scale.stride(1)), block_offsets(group_offs)
+        scale, mode = torch.zeros((C, capacity // BLOCK), dtype=torch.float32, device=x.device), 2
+        strides = (0, scale.stride(0), scale.stride(1))
     if G and C:
         block_c = 64
         _quantize_cols_t_kernel[(G, triton.cdiv(C, block_c))](
-            x, qt, scale, amax if amax is not None else scale, group_offs, blk_offs,
+            x, qt, scale, amax if amax is not None else scale, group_offs, padded,
             C, x.stride(0), qt.stride(0), *strides, amax_stride,
             **fmt, EPS=AMAX_EPS, MODE=mode, BLOCK_T=BLOCK, BLOCK_C=block_c,
         )
-    return qt, scale
+    return qt, scale, padded
 
 
 def quantize_blocks_2d(w: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -54,7 +54,8 @@ def check_grouped_inputs(
         layout = "[G, N, K]" if trans_b else "[G, K, N]"
         raise ValueError(f"{op}: K differs: a is {tuple(a.shape)}, b is {tuple(b.shape)} read as {layout}")
     if group_lens.ndim != 1 or group_lens.dtype != torch.int64:
-        raise ValueError(f"{op}: group_lens must be a 1-D int64 tensor, got {group_lens.dtype} {tuple(group_lens.shape)}")
+        got = f"{group_lens.dtype} {tuple(group_lens.shape)}"
+        raise ValueError(f"{op}: group_lens must be a 1-D int64 tensor, got {got}")
     if group_lens.numel() != G:
         raise ValueError(f"{op}: group_lens has {group_lens.numel()} groups but b has {G}")
     check_same_device(a=a, b=b, group_lens=group_lens)
@@ -82,12 +83,16 @@ def grouped_forward(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_
     grouped_mm(a, _b_view(b, trans_b, "fwd"), offs, out, cfg)
 
 
-def grouped_dgrad(grad_out: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_a: torch.Tensor) -> None:
+def grouped_dgrad(
+    grad_out: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_a: torch.Tensor
+) -> None:
     cfg = config_for("dgrad", grad_out.shape[0], b.shape[0])
     grouped_mm(grad_out, _b_view(b, trans_b, "dgrad"), offs, grad_a, cfg)
 
 
-def grouped_wgrad(grad_out: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_b: torch.Tensor) -> None:
+def grouped_wgrad(
+    grad_out: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_b: torch.Tensor
+) -> None:
     """grad_b[g] = grad_out_g^T @ a_g (trans_b, [G, N, K]) or a_g^T @ grad_out_g ([G, K, N])."""
     cfg = config_for("wgrad", a.shape[0], grad_b.shape[0])
     x, y = (grad_out, a) if trans_b else (a, grad_out)

@@ -44,6 +44,7 @@ def _grouped_mm_kernel(
     stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
     SB_OUT_DIV: tl.constexpr,
     SCALE: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
 ):
@@ -78,19 +79,26 @@ def _grouped_mm_kernel(
             a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
             # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
             b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
-            b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
+            # Load B in its memory order: [BN, BK] tiles when K-major (fp8 needs it), else [BK, BN].
+            if B_KMAJOR:
+                b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
+            else:
+                b_ptrs = b_base + offs_k[:, None] * stride_bk + cols.to(tl.int64)[None, :] * stride_bn
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for kb in range(0, tl.cdiv(K, BLOCK_K)):
                 k_mask = offs_k < K - kb * BLOCK_K
                 a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+                if B_KMAJOR:
+                    b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
+                else:
+                    b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
                 if SCALE == 2:
                     sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
                     sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn + kb * stride_sbk,
                                  mask=col_mask, other=0.0)
-                    acc += tl.dot(a, b.T) * sa[:, None] * sb[None, :]
+                    acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
                 else:
-                    acc = tl.dot(a, b.T, acc)
+                    acc = tl.dot(a, b, acc)
                 a_ptrs += BLOCK_K
                 b_ptrs += BLOCK_K * stride_bk
             if SCALE == 1:
@@ -105,18 +113,20 @@ def _grouped_mm_kernel(
 
 @triton.jit
 def _grouped_mm_vark_kernel(
-    x_ptr, y_ptr, c_ptr, offs_ptr, blk_offs_ptr, sx_ptr, sy_ptr,
+    x_ptr, y_ptr, c_ptr, offs_ptr, sx_ptr, sy_ptr,
     P, Q,
     stride_xp, stride_xt, stride_yq, stride_yt, stride_cg, stride_cp,
     stride_sxg, stride_sxp, stride_sxb, stride_syg, stride_syq, stride_syb,
     SCALE: tl.constexpr,
+    PADDED: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_P: tl.constexpr,
 ):
     """C[g] = X_g @ Y_g^T, reducing over group g's tokens t in [offs[g], offs[g+1]) (variable K).
 
-    X is [P, tokens] and Y is [Q, tokens] through their strides (token-major bf16 operands, or the
-    K-major transposed FP8 copies). Grid: (tiles of one [P, Q] output, groups); an empty group's
-    tiles store zeros.
+    X is [P, tokens] and Y is [Q, tokens] through their strides: token-major bf16 operands, or the
+    K-major transposed FP8 copies, whose groups are PADDED to whole zero-filled 128-token blocks
+    (aligned, unmasked loads; the j-th block of a group is block offs[g] // 128 + j). Grid: (tiles
+    of one [P, Q] output, groups); an empty group's tiles store zeros.
     """
     pid = tl.program_id(0)
     g = tl.program_id(1)
@@ -139,11 +149,15 @@ def _grouped_mm_vark_kernel(
     y_ptrs = y_ptr + qs[:, None] * stride_yq + (start + offs_t)[None, :] * stride_yt
     acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
     if SCALE == 2:
-        blk = tl.load(blk_offs_ptr + g)
+        blk = start // BLOCK_K
     for kb in range(0, tl.cdiv((end - start).to(tl.int32), BLOCK_K)):
-        t_mask = offs_t < end - start - kb * BLOCK_K
-        x = tl.load(x_ptrs, mask=p_mask[:, None] & t_mask[None, :], other=0.0)
-        y = tl.load(y_ptrs, mask=q_mask[:, None] & t_mask[None, :], other=0.0)
+        if PADDED:
+            x = tl.load(x_ptrs, mask=p_mask[:, None], other=0.0)
+            y = tl.load(y_ptrs, mask=q_mask[:, None], other=0.0)
+        else:
+            t_mask = offs_t < end - start - kb * BLOCK_K
+            x = tl.load(x_ptrs, mask=p_mask[:, None] & t_mask[None, :], other=0.0)
+            y = tl.load(y_ptrs, mask=q_mask[:, None] & t_mask[None, :], other=0.0)
         if SCALE == 2:
             sx = tl.load(sx_ptr + ps * stride_sxp + blk * stride_sxb, mask=p_mask, other=0.0)
             sy = tl.load(sy_ptr + qs * stride_syq + blk * stride_syb, mask=q_mask, other=0.0)
@@ -197,7 +211,7 @@ def grouped_mm(
         G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
-        SB_OUT_DIV=s.b_out_div, SCALE=mode,
+        SB_OUT_DIV=s.b_out_div, SCALE=mode, B_KMAJOR=b.stride(2) == 1,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -212,29 +226,35 @@ class VarKScales:
     x_strides: tuple[int, int, int]
     y: torch.Tensor
     y_strides: tuple[int, int, int]
-    block_offs: torch.Tensor | None = None  # per-group first token-block index (blockwise)
+    per_k_block: bool = False
 
 
 def grouped_mm_vark(
     x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: GroupedConfig,
-    scales: VarKScales | None = None,
+    scales: VarKScales | None = None, padded: bool = False,
 ) -> torch.Tensor:
-    """out[g] = x[:, rows_g] @ y[:, rows_g]^T: x [P, M], y [Q, M] (any strides), out [G, P, Q]."""
+    """out[g] = x[:, cols_g] @ y[:, cols_g]^T: x [P, M], y [Q, M] (any strides), out [G, P, Q].
+
+    `padded`: x and y hold every group zero-padded to whole 128-token blocks at 128-aligned
+    `offs` (as quantize_cols_t writes them).
+    """
     (P, _), (Q, _) = x.shape, y.shape
     G = offs.numel() - 1
-    if scales is not None and scales.block_offs is not None and cfg.BLOCK_K != 128:
+    if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
+    if padded and 128 % cfg.BLOCK_K:
+        raise ValueError(f"padded groups need BLOCK_K to divide 128, got {cfg.BLOCK_K}")
     if G == 0 or P == 0 or Q == 0:
         return out
     s = scales or VarKScales(x, (0, 0, 0), x, (0, 0, 0))
-    mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.block_offs is not None else SCALE_EPILOGUE)
+    mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.per_k_block else SCALE_EPILOGUE)
     grid = (triton.cdiv(P, cfg.BLOCK_M) * triton.cdiv(Q, cfg.BLOCK_N), G)
     _grouped_mm_vark_kernel[grid](
-        x, y, out, offs, s.block_offs if s.block_offs is not None else offs, s.x, s.y,
+        x, y, out, offs, s.x, s.y,
         P, Q,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1),
         *s.x_strides, *s.y_strides,
-        SCALE=mode, BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
+        SCALE=mode, PADDED=padded, BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -13,8 +13,9 @@ once, and hands the shared M-grouped or variable-K kernel strided scale views:
 from __future__ import annotations
 
 import torch
+import triton
 
-from kernels.common.fp8 import Granularity, block_offsets, quantize_blocks_2d, quantize_cols_t, quantize_rows
+from kernels.common.fp8 import Granularity, quantize_blocks_2d, quantize_cols_t, quantize_rows
 from kernels.grouped_gemm.kernel import Scales, VarKScales, grouped_mm, grouped_mm_vark
 from kernels.grouped_gemm_fp8.tuning import config_for
 
@@ -48,8 +49,12 @@ class QuantizedWeight:
             self.out_div = 128
         elif reduce_over_rows:
             segment = _uniform_offsets(G, R, w.device)
-            qt, s = quantize_cols_t(w.reshape(G * R, C), segment, fp8_dtype, granularity, per_segment_tensor_scale=True)
-            self.data = qt.view(C, G, R).permute(1, 0, 2)  # [G, C(out), R(red)], red contiguous
+            qt, s, _ = quantize_cols_t(
+                w.reshape(G * R, C), segment, fp8_dtype, granularity, per_segment_tensor_scale=True
+            )
+            padded_rows = triton.cdiv(R, 128) * 128  # each expert's rows start on a 128 boundary
+            # [G, C(out), R(red)], red contiguous; the zero padding past R is never read.
+            self.data = qt[:, : G * padded_rows].unflatten(1, (G, padded_rows)).permute(1, 0, 2)[:, :, :R]
             self.scale = s
             self.strides = (1, 0, 0) if granularity == Granularity.TENSORWISE else (s.stride(0), s.stride(1), 0)
         else:
@@ -78,7 +83,7 @@ def m_grouped_fp8(
         a=sx, a_strides=_row_scale_strides(sx, granularity), b=weight.scale, b_strides=weight.strides,
         b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = config_for(pass_name, x.shape[0], weight.data.shape[0])
+    cfg = config_for(pass_name, x.shape[0], weight.data.shape[0], granularity)
     grouped_mm(xq, weight.data, offs, out, cfg, scales)
 
 
@@ -96,11 +101,11 @@ def vark_fp8(
     granularity: Granularity, out: torch.Tensor,
 ) -> None:
     """out[g] = x_g^T @ y_g over group g's tokens: x [M, P] and y [M, Q], quantized per group."""
-    xt, sx = quantize_cols_t(x, offs, x_dtype, granularity)
-    yt, sy = quantize_cols_t(y, offs, y_dtype, granularity)
+    xt, sx, padded = quantize_cols_t(x, offs, x_dtype, granularity)
+    yt, sy, _ = quantize_cols_t(y, offs, y_dtype, granularity)
     scales = VarKScales(
         x=sx, x_strides=_vark_scale_strides(sx, granularity), y=sy, y_strides=_vark_scale_strides(sy, granularity),
-        block_offs=block_offsets(offs) if granularity == Granularity.BLOCKWISE else None,
+        per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = config_for("wgrad", x.shape[0], out.shape[0])
-    grouped_mm_vark(xt, yt, offs, out, cfg, scales)
+    cfg = config_for("wgrad", x.shape[0], out.shape[0], granularity)
+    grouped_mm_vark(xt, yt, padded, out, cfg, scales, padded=True)

@@ -1,12 +1,15 @@
 """grouped_gemm_fp8: the tunable space and the tuned table (pass/bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
-Buckets as in kernels/grouped_gemm/tuning.py. BLOCK_K is 128: blockwise scaling promotes the
-accumulator once per 128-wide K block, and fp8 tiles want 128 bytes of K per row anyway.
+Buckets as in kernels/grouped_gemm/tuning.py, with a `/blockwise` twin: blockwise scaling keeps a
+second [BLOCK_M, BLOCK_N] fp32 tile live (the K block's product before its scales are applied), so
+128x256 tiles spill registers there. BLOCK_K is 128: blockwise scaling promotes once per 128-wide
+K block, and fp8 tiles want 128 bytes of K per row anyway.
 """
 
 from __future__ import annotations
 
+from kernels.common.fp8 import Granularity
 from kernels.grouped_gemm.kernel import GroupedConfig
 from kernels.grouped_gemm.tuning import bucket, validated
 
@@ -26,8 +29,17 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small/blockwise": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/small/blockwise": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
 }
 
 
-def config_for(pass_name: str, total_tokens: int, groups: int) -> GroupedConfig:
-    return validated(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))
+def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> GroupedConfig:
+    key = bucket(pass_name, total_tokens, groups)
+    if granularity == Granularity.BLOCKWISE:
+        key += "/blockwise"
+    return validated(TUNED_TABLE, TUNABLE_SPACE, key)

@@ -1,0 +1,57 @@
+import pytest
+import torch
+
+from harness.snr import snr_db
+from kernels.common.device import default_device
+from kernels.common.fp8 import Granularity, padded_offsets, quantize_blocks_2d, quantize_cols_t, quantize_rows
+from kernels.grouped_gemm import group_offsets
+
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("granularity", list(Granularity))
+def test_quantize_rows_round_trip(granularity):
+    x = torch.randn(70, 300, device=default_device()) * torch.logspace(-2, 2, 70, device=default_device())[:, None]
+    q, s = quantize_rows(x.half(), E4M3, granularity)
+    if granularity == Granularity.BLOCKWISE:
+        assert s.shape == (70, 3)
+        deq = q.float() * s.repeat_interleave(128, dim=1)[:, :300]
+    else:
+        assert s.shape == ((1,) if granularity == Granularity.TENSORWISE else (70,))
+        deq = q.float() * (s if s.numel() == 1 else s[:, None])
+    floor = 10 if granularity == Granularity.TENSORWISE else 28  # rows span 4 decades: one scale loses the small ones
+    assert snr_db(deq, x.half()) > floor
+
+
+def test_quantize_cols_t_blocks_stay_in_their_group_and_pad_with_zeros():
+    device = default_device()
+    lens = torch.tensor([130, 0, 5], dtype=torch.int64, device=device)
+    offs = group_offsets(lens)
+    x = torch.randn(135, 40, device=device).half()
+    qt, s, padded = quantize_cols_t(x, offs, E4M3, Granularity.BLOCKWISE)
+    assert padded.tolist() == [0, 256, 256, 384]
+    assert torch.equal(padded, padded_offsets(offs))
+    # group 0 fills blocks 0-1 (130 rows), group 2 starts a fresh block at column 256
+    deq = qt.float() * s.repeat_interleave(128, dim=1)
+    assert snr_db(deq[:, :130].t(), x[:130]) > 28
+    assert snr_db(deq[:, 256:261].t(), x[130:]) > 28
+    assert (qt[:, 130:256].float() == 0).all() and (qt[:, 261:].float() == 0).all()
+
+
+def test_quantize_cols_t_rowwise_scales_per_group():
+    device = default_device()
+    offs = group_offsets(torch.tensor([20, 12], dtype=torch.int64, device=device))
+    x = torch.cat([torch.randn(20, 16, device=device), 100 * torch.randn(12, 16, device=device)]).half()
+    qt, s, _ = quantize_cols_t(x, offs, E4M3, Granularity.ROWWISE)
+    assert s.shape == (2, 16)
+    assert torch.allclose(s[0], x[:20].float().abs().amax(0) / 448)
+    assert torch.allclose(s[1], x[20:].float().abs().amax(0) / 448)
+
+
+def test_quantize_blocks_2d_serves_both_orientations():
+    w = torch.randn(2, 200, 136, device=default_device()).half()
+    q, qt, s = quantize_blocks_2d(w, E4M3)
+    assert s.shape == (2, 2, 2)
+    assert torch.equal(q.transpose(1, 2).float(), qt.float())
+    deq = q.float() * s.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)[:, :200, :136]
+    assert snr_db(deq, w) > 28
