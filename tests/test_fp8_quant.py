@@ -42,7 +42,7 @@ def test_quantize_cols_t_rowwise_scales_per_group():
     device = default_device()
     offs = group_offsets(torch.tensor([20, 12], dtype=torch.int64, device=device))
     x = torch.cat([torch.randn(20, 16, device=device), 100 * torch.randn(12, 16, device=device)]).half()
-    qt, s, _ = quantize_cols_t(x, offs, E4M3, Granularity.ROWWISE)
+    _, s, _ = quantize_cols_t(x, offs, E4M3, Granularity.ROWWISE)
     assert s.shape == (2, 16)
     assert torch.allclose(s[0], x[:20].float().abs().amax(0) / 448)
     assert torch.allclose(s[1], x[20:].float().abs().amax(0) / 448)
