@@ -13,17 +13,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 
 python3 -m pytest -m gpu -q tests 2>&1 | tee "$WORK/pytest-gpu.log"
 python3 -m pytest -q tests/test_grouped_gemm.py tests/test_fp8_quant.py 2>&1 | tee "$WORK/pytest-grouped-on-gpu.log"
-python3 benchmarks/grouped_passes.py --shapes "$preset" --repeats "$repeats" --sweep --csv "$WORK/passes.csv" \
+python3 benchmarks/grouped_passes.py --shapes "$preset" --repeats "$repeats" --csv "$WORK/passes.csv" \
   2>&1 | tee "$WORK/passes.log"
 
-bench() {  # name, then turbo-opt bench arguments
-  local name=$1; shift
-  python3 -m agent bench --shapes "$preset" --repeats "$repeats" --warmup 5 --summary-csv "$WORK/$name.csv" "$@" \
+bench() {  # name, preset, then turbo-opt bench arguments
+  local name=$1 shapes=$2; shift 2
+  python3 -m agent bench --shapes "$shapes" --repeats "$repeats" --warmup 5 --summary-csv "$WORK/$name.csv" "$@" \
     2>&1 | tee "$WORK/bench-$name.log"
 }
-bench bf16 --op grouped_gemm --compare-baselines
-bench fp8-rowwise --op grouped_gemm_fp8 --compare-baselines
-bench fp8-blockwise --op grouped_gemm_fp8 --variant e4m3-blockwise --compare-baselines
-bench fp8-hybrid-tensorwise --op grouped_gemm_fp8 --variant hybrid-tensorwise
+bench bf16 "$preset" --op grouped_gemm --compare-baselines
+bench fp8-rowwise "$preset" --op grouped_gemm_fp8 --compare-baselines
+bench fp8-blockwise "$preset" --op grouped_gemm_fp8 --variant e4m3-blockwise --compare-baselines
+bench fp8-hybrid-blockwise "$preset" --op grouped_gemm_fp8 --variant hybrid-blockwise
+bench fp8-hybrid-tensorwise "$preset" --op grouped_gemm_fp8 --variant hybrid-tensorwise
+bench bf16-graph "$preset" --op grouped_gemm --timing cuda-graph
+bench dsv3-fp8-rowwise deepseek-v3 --op grouped_gemm_fp8 --compare-baselines
 
 tar czf "$OUT/results.tgz" -C "$WORK" .

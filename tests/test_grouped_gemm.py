@@ -83,12 +83,15 @@ def test_bad_inputs_raise_value_errors(op):
     cases = [
         ((a[:, :8], b, lens), "K differs"),
         ((a, b, lens[:1]), "1 groups but b has 2"),
-        ((a, b, torch.tensor([4, 5], device=device)), "sums to 9 but a has 8 rows"),
-        ((a, b, torch.tensor([-1, 9], device=device)), "negative"),
         ((a, b, lens.int()), "int64"),
         ((a.float(), b.float(), lens), "dtype"),
         ((a, b[0], lens), r"\[G, N, K\]"),
     ]
+    if device.type == "cpu":  # group sizes on a GPU are not read back: that would be a host sync
+        cases += [
+            ((a, b, torch.tensor([4, 5], device=device)), "sums to 9 but a has 8 rows"),
+            ((a, b, torch.tensor([-1, 9], device=device)), "negative"),
+        ]
     for args, match in cases:
         with pytest.raises(ValueError, match=match):
             op(*args)

@@ -161,7 +161,7 @@ def _quantize_cols_t_kernel(
     col_mask = cols < C
     start = tl.load(offs_ptr + g)
     end = tl.load(offs_ptr + g + 1)
-    dest = tl.load(padded_offs_ptr + g) - start
+    dest = tl.multiple_of(tl.load(padded_offs_ptr + g), BLOCK_T)  # 128-aligned: vectorized stores
     if MODE == 0:
         amax = tl.load(amax_ptr + g * stride_amax)
         scale = tl.zeros((BLOCK_C,), dtype=tl.float32) + tl.maximum(amax, EPS) / FP8_MAX
@@ -173,15 +173,16 @@ def _quantize_cols_t_kernel(
             amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
         scale = tl.maximum(amax, EPS) / FP8_MAX
         tl.store(scale_ptr + g * stride_sg + cols * stride_sc, scale, mask=col_mask)
-    for t0 in range(start, end, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
+    for j in range(0, tl.cdiv((end - start).to(tl.int32), BLOCK_T)):
+        t = start + j * BLOCK_T + tl.arange(0, BLOCK_T)
         x = tl.load(x_ptr + t[:, None] * stride_xm + cols[None, :], mask=(t[:, None] < end) & col_mask[None, :])
         x = x.to(tl.float32)
         if MODE == 2:  # BLOCK_T == 128: one scale per column per aligned 128-row block
             scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
-            tl.store(scale_ptr + cols * stride_sc + ((t0 + dest) // BLOCK_T) * stride_sb, scale, mask=col_mask)
+            tl.store(scale_ptr + cols * stride_sc + (dest // BLOCK_T + j) * stride_sb, scale, mask=col_mask)
         q = _to_fp8_range(x / scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(qt_ptr.dtype.element_ty)
-        tl.store(qt_ptr + cols[:, None] * stride_qc + (t + dest)[None, :], tl.trans(q), mask=col_mask[:, None])
+        dest_cols = dest + j * BLOCK_T + tl.arange(0, BLOCK_T)
+        tl.store(qt_ptr + cols[:, None] * stride_qc + dest_cols[None, :], tl.trans(q), mask=col_mask[:, None])
 
 
 @triton.jit

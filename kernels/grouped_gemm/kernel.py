@@ -44,7 +44,6 @@ def _grouped_mm_kernel(
     stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
     SB_OUT_DIV: tl.constexpr,
     SCALE: tl.constexpr,
-    B_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
 ):
@@ -79,19 +78,12 @@ def _grouped_mm_kernel(
             a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
             # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
             b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
-            # Load B in its memory order: [BN, BK] tiles when K-major (fp8 needs it), else [BK, BN].
-            if B_KMAJOR:
-                b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
-            else:
-                b_ptrs = b_base + offs_k[:, None] * stride_bk + cols.to(tl.int64)[None, :] * stride_bn
+            b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for kb in range(0, tl.cdiv(K, BLOCK_K)):
                 k_mask = offs_k < K - kb * BLOCK_K
                 a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                if B_KMAJOR:
-                    b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
-                else:
-                    b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
                 if SCALE == 2:
                     sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
                     sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn + kb * stride_sbk,
@@ -140,6 +132,8 @@ def _grouped_mm_vark_kernel(
 
     start = tl.load(offs_ptr + g)
     end = tl.load(offs_ptr + g + 1)
+    if PADDED:  # tell the compiler what the padding guarantees: aligned starts, vectorized loads
+        start = tl.multiple_of(start, 128)
     ps = (pid_p * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
     qs = (pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)).to(tl.int64)
     p_mask = ps < P
@@ -211,7 +205,7 @@ def grouped_mm(
         G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
-        SB_OUT_DIV=s.b_out_div, SCALE=mode, B_KMAJOR=b.stride(2) == 1,
+        SB_OUT_DIV=s.b_out_div, SCALE=mode,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
