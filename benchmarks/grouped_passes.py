@@ -87,29 +87,34 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
     return rows
 
 
-def sweep_blockwise(inputs: dict[str, torch.Tensor], timer: Timer) -> list[dict[str, object]]:
-    """The blockwise forward GEMM (pre-quantized) under several tile configs."""
+SWEEP_CONFIGS = (
+    (128, 256, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 8, 5), (64, 256, 8, 3), (64, 256, 8, 4),
+    (256, 128, 8, 3), (64, 128, 4, 4), (128, 256, 8, 4),
+)
+
+
+def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Granularity, timer: Timer) -> list[dict]:
+    """The FP8 forward GEMM alone (operands quantized once) under each tile config of SWEEP_CONFIGS."""
     from kernels.grouped_gemm.kernel import GroupedConfig
 
     a, b, lens = inputs["a"], inputs["b"], inputs["group_lens"]
     M, K = a.shape
     N = b.shape[1]
     offs = group_offsets(lens)
-    e4m3 = torch.float8_e4m3fn
-    a_q, sa = quantize_rows(a, e4m3, Granularity.BLOCKWISE)
-    w = QuantizedWeight(b, False, e4m3, Granularity.BLOCKWISE)
-    scales = Scales(sa, sa.stride(), w.scale, w.strides, w.out_div, per_k_block=True)
+    a_q, sa = quantize_rows(a, torch.float8_e4m3fn, granularity)
+    w = QuantizedWeight(b, False, torch.float8_e4m3fn, granularity)
+    blockwise = granularity == Granularity.BLOCKWISE
+    scales = Scales(sa, _row_scale_strides(sa, granularity), w.scale, w.strides, w.out_div, per_k_block=blockwise)
     out = a.new_empty(M, N)
     rows = []
-    for bm, bn, warps, stages in ((128, 256, 8, 3), (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4),
-                                  (64, 256, 4, 3), (256, 128, 8, 3), (64, 128, 4, 4)):
+    for bm, bn, warps, stages in SWEEP_CONFIGS:
         cfg = GroupedConfig(bm, bn, 128, 8, warps, stages)
         try:
             t = timer.time(lambda c=cfg: grouped_mm(a_q, w.data, offs, out, c, scales)).median_ms
         except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
             print(f"config {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
             continue
-        rows.append({"label": f"sweep {bm}x{bn} w{warps} s{stages}", "pass": "fp8 blockwise GEMM only",
+        rows.append({"label": label, "pass": f"sweep fp8 {granularity.value} {bm}x{bn} w{warps} s{stages}",
                      "ours_ms": t, "ours_tflops": 2.0 * M * N * K / t / 1e9})
     return rows
 
@@ -120,7 +125,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--csv", default=None, help="write all rows here")
-    parser.add_argument("--sweep", action="store_true", help="also sweep blockwise tile configs on the first shape")
+    parser.add_argument("--sweep", choices=[g.value for g in Granularity], default=None,
+                        help="instead of the passes, sweep the FP8 forward's tile configs for this granularity")
     args = parser.parse_args()
     device = torch.device("cuda")
     timer = Timer(device, repeats=args.repeats, warmup=3)
@@ -130,9 +136,10 @@ def main() -> None:
             continue
         problem = Problem(dims=shape.dims, dtype=torch.bfloat16, device=device, seed=0, group_lens=shape.group_lens)
         inputs = make_inputs(problem)
-        if args.sweep and not any(str(r["label"]).startswith("sweep") for r in rows):
-            rows += sweep_blockwise(inputs, timer)
-        rows += rows_for_shape(shape.label, inputs, timer)
+        if args.sweep:
+            rows += sweep_forward(shape.label, inputs, Granularity(args.sweep), timer)
+        else:
+            rows += rows_for_shape(shape.label, inputs, timer)
     frame = pd.DataFrame(rows)
     if args.csv:
         frame.to_csv(args.csv, index=False)
@@ -143,6 +150,8 @@ def main() -> None:
     for row in rows:
         table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
     Console(width=220).print(table)
+    if "ratio" not in frame:
+        return
     ratios = frame.dropna(subset=["ratio"]).groupby("pass")["ratio"].apply(lambda r: math.exp(r.map(math.log).mean()))
     Console(width=220).print("geomean ratio (anchor ms / ours ms) by pass:\n" + ratios.to_string())
 
