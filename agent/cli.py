@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from agent import campaign_cli
 from harness.cli import console, exit_on_user_error, register
 from harness.registry import all_specs
 from harness.shapes import preset_names
@@ -16,6 +17,7 @@ app = typer.Typer(
     add_completion=False,
 )
 register(app)
+campaign_cli.register(app)
 
 
 @app.command()

@@ -51,11 +51,11 @@ class BenchMeta(BaseModel):
     baseline_csvs: dict[str, str] = {}
 
 
-def harness_hash() -> str:
+def harness_hash(harness_dir: Path = HARNESS_DIR) -> str:
     """sha256 over harness/*.py (paths and bytes): any edit to the referee changes it."""
     digest = hashlib.sha256()
-    for path in sorted(HARNESS_DIR.rglob("*.py")):
-        digest.update(path.relative_to(HARNESS_DIR).as_posix().encode())
+    for path in sorted(harness_dir.rglob("*.py")):
+        digest.update(path.relative_to(harness_dir).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

@@ -75,6 +75,8 @@ class OpSpec:
     baselines: tuple[Runner, ...] = field(default_factory=tuple)
     # Variants a benchmark can pick (the first is the default), e.g. "e4m3-rowwise".
     variants: tuple[str, ...] = ("default",)
+    # The preset a campaign on a GPU uses when none is named ("smoke" under the interpreter).
+    default_preset: str = "smoke"
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -97,4 +97,5 @@ SPEC = OpSpec(
     snr_formats=snr_formats,
     runner=Runner("turbo-opt", _forward, _backward),
     baselines=(Runner("torch.matmul", _torch_forward, _torch_backward),),
+    default_preset="llama3-8b",
 )

@@ -1,10 +1,12 @@
 """gemm: the tunable space and the tuned table (shape bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
+`buckets_for` tells it which buckets a benchmark shape exercises.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
@@ -53,3 +55,9 @@ def shape_bucket(M: int, N: int, K: int) -> str:
 
 def config_for(M: int, N: int, K: int) -> GemmConfig:
     return GemmConfig(**TUNED_TABLE[shape_bucket(M, N, K)])
+
+
+def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
+    """Buckets a Linear layer's step of these dims uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
+    M, N, K = dims["M"], dims["N"], dims["K"]
+    return {shape_bucket(M, N, K), shape_bucket(M, K, N), shape_bucket(N, K, M)}

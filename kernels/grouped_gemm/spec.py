@@ -132,4 +132,5 @@ SPEC = OpSpec(
     snr_formats=snr_formats,
     runner=Runner("turbo-opt", _forward, _backward),
     baselines=(GROUPED_MM_BASELINE, Runner("torch.matmul loop", _loop_forward, _loop_backward)),
+    default_preset="headline",
 )

@@ -7,6 +7,8 @@ group has fewer than SMALL_GROUP_TOKENS tokens, else "large".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kernels.grouped_gemm.kernel import GroupedConfig
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
@@ -47,3 +49,8 @@ def validated(table: dict[str, dict[str, int]], space: dict[str, tuple[int, ...]
 
 def config_for(pass_name: str, total_tokens: int, groups: int) -> GroupedConfig:
     return validated(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))
+
+
+def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
+    """Buckets a fwd+bwd step of these dims (B groups of M tokens on average) uses: one per pass."""
+    return {bucket(p, dims["B"] * dims["M"], dims["B"]) for p in PASSES}

@@ -104,4 +104,5 @@ SPEC = OpSpec(
         GROUPED_MM_BASELINE,
     ),
     variants=VARIANTS,
+    default_preset="headline",
 )

@@ -9,9 +9,11 @@ K block, and fp8 tiles want 128 bytes of K per row anyway.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kernels.common.fp8 import Granularity
 from kernels.grouped_gemm.kernel import GroupedConfig
-from kernels.grouped_gemm.tuning import bucket, validated
+from kernels.grouped_gemm.tuning import PASSES, bucket, validated
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -38,8 +40,16 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 }
 
 
-def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> GroupedConfig:
+def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> str:
     key = bucket(pass_name, total_tokens, groups)
-    if granularity == Granularity.BLOCKWISE:
-        key += "/blockwise"
-    return validated(TUNED_TABLE, TUNABLE_SPACE, key)
+    return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
+
+
+def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> GroupedConfig:
+    return validated(TUNED_TABLE, TUNABLE_SPACE, _key(pass_name, total_tokens, groups, granularity))
+
+
+def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:
+    """Buckets a fwd+bwd step of these dims uses under a variant such as "hybrid-blockwise"."""
+    granularity = Granularity(variant.split("-")[1])
+    return {_key(p, dims["B"] * dims["M"], dims["B"], granularity) for p in PASSES}

@@ -1,0 +1,64 @@
+"""Measurement: quick_test_bench in a subprocess, on the campaign repo's own code.
+
+A subprocess imports the candidate's files fresh (a tuned table edited this round is read, not a
+stale module), and a hang or a crash ends it, not the runner.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.manifest import Manifest
+from harness.meta import read_meta
+
+
+class MeasureError(RuntimeError):
+    """A measurement that produced no usable CSV (timeout, crash, harness changed)."""
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    shapes_file: Path
+    summary_csv: Path
+    log: Path
+    compare_baselines: bool = False
+
+
+def bench_command(manifest: Manifest, request: BenchRequest) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "harness", "bench", "--op", manifest.op, "--shapes", str(request.shapes_file),
+        "--summary-csv", str(request.summary_csv), "--dtype", manifest.dtype, "--variant", manifest.resolved_variant,
+    ]
+    if manifest.repeats:
+        cmd += ["--repeats", str(manifest.repeats)]
+    if manifest.timing != "auto":
+        cmd += ["--timing", manifest.timing]
+    if request.compare_baselines:
+        cmd.append("--compare-baselines")
+    return cmd
+
+
+def run_bench(root: Path, manifest: Manifest, request: BenchRequest, harness_hash: str) -> None:
+    """Run the benchmark; raise MeasureError unless it wrote a summary CSV made by the expected harness."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    request.log.parent.mkdir(parents=True, exist_ok=True)
+    request.summary_csv.unlink(missing_ok=True)
+    with request.log.open("w") as log:
+        try:
+            proc = subprocess.run(
+                bench_command(manifest, request), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                timeout=manifest.measure_timeout_s, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise MeasureError(f"benchmark exceeded {manifest.measure_timeout_s} s") from None
+    # Exit 1 means FAIL rows, which is a result; anything else produced no trustworthy CSV.
+    if proc.returncode not in (0, 1) or not request.summary_csv.exists():
+        tail = request.log.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise MeasureError(f"benchmark exited {proc.returncode}: {tail[0][:200]}")
+    meta = read_meta(request.summary_csv)
+    if meta.harness_hash != harness_hash:
+        raise MeasureError("harness/ changed since the campaign started (hash mismatch)")

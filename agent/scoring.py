@@ -1,0 +1,113 @@
+"""Scores and decisions: pure functions over summary CSVs and the rules (no GPU, no git, no I/O).
+
+A measurement is scored per shape on each metric (forward, backward, and the combined step = all
+work over all time) and aggregated by geomean over PASS rows. `decide` applies
+rules/iteration_rules.yaml to a candidate's measurements against the best so far.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from agent.state import Measurement
+from harness.rules import IterationRules
+from harness.schema import PASS, Summary
+
+METRICS = ("forward", "backward", "step")
+Verdict = Literal["ACCEPT", "ROLLBACK", "REMEASURE"]
+
+
+def geomean(values: Iterable[float]) -> float:
+    good = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan
+
+
+def measure(summary: Summary, metric: str, csv: str, labels: Sequence[str] | None = None) -> Measurement:
+    """Score a summary CSV on the given shapes (all when None)."""
+    labels = list(labels) if labels else summary.labels
+    missing = [label for label in labels if label not in summary.labels]
+    if missing:
+        raise ValueError(f"{summary.path}: shapes missing from the measurement: {missing}")
+    checks = summary.checks()
+    passing = [label for label in labels if checks[label] == PASS]
+    primary = summary.metric(metric)
+    return Measurement(
+        csv=csv,
+        all_pass=len(passing) == len(labels),
+        geomeans={m: geomean(summary.metric(m)[passing]) for m in METRICS},
+        per_shape={label: float(primary[label]) for label in labels},
+        failed=[label for label in labels if label not in passing],
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    gain_pct: float
+
+
+def decide(
+    candidate: Sequence[Measurement], best: Measurement, metric: str, rules: IterationRules, shapes: Sequence[str]
+) -> Decision:
+    """ACCEPT, ROLLBACK or REMEASURE a candidate measured `len(candidate)` times against the best.
+
+    Any FAIL rejects. The aggregate gain (median over the measurements) must beat the best and no
+    shape may regress past the per-shape limit; a gain inside the noise floor is re-measured up to
+    the rules' count and then accepted only if every measurement beat the best.
+    """
+    last = candidate[-1]
+    if not last.all_pass:
+        return Decision("ROLLBACK", f"FAIL on {', '.join(last.failed)}", math.nan)
+    gains = [m.geomeans[metric] / best.geomeans[metric] - 1.0 for m in candidate]
+    gain = statistics.median(gains)
+    gain_pct = 100.0 * gain
+    ratios = {
+        label: statistics.median(m.per_shape[label] for m in candidate) / best.per_shape[label] for label in shapes
+    }
+    worst = min(ratios, key=ratios.__getitem__)
+    limit = rules.per_shape_regression_pct
+    if ratios[worst] < 1.0 - limit / 100.0:
+        slower = (1.0 - ratios[worst]) * 100.0
+        return Decision("ROLLBACK", f"{worst} regressed {slower:.1f}% (limit {limit:g}%)", gain_pct)
+    floor = rules.noise_floor_pct
+    if gain_pct >= floor:
+        return Decision("ACCEPT", f"{metric} geomean {gain_pct:+.2f}% over the best", gain_pct)
+    if gain_pct <= -floor:
+        return Decision("ROLLBACK", f"{metric} geomean {gain_pct:+.2f}%: slower than the best", gain_pct)
+    if len(candidate) < 1 + rules.remeasure_count:
+        return Decision("REMEASURE", f"{gain_pct:+.2f}% is inside the {floor:g}% noise floor", gain_pct)
+    if all(g > 0 for g in gains):
+        return Decision("ACCEPT", f"{gain_pct:+.2f}%, ahead in all {len(gains)} measurements", gain_pct)
+    return Decision("ROLLBACK", f"ineffective: {gain_pct:+.2f}% is noise over {len(gains)} measurements", gain_pct)
+
+
+def stagnated(consecutive_rollbacks: int, rules: IterationRules) -> bool:
+    """Enough consecutive rollbacks to abandon the current direction."""
+    return consecutive_rollbacks >= rules.stagnation_rollbacks
+
+
+def termination_reason(
+    *,
+    rounds_done: int,
+    max_iterations: int,
+    elapsed_s: float,
+    max_duration_s: float,
+    speedup: float,
+    target_speedup: float | None,
+    stop_requested: bool,
+) -> str | None:
+    """Why the campaign must stop before another round, or None to go on."""
+    if stop_requested:
+        return "stopped by the user"
+    if target_speedup is not None and speedup >= target_speedup:
+        return f"target reached: {speedup:.3f}x >= {target_speedup:g}x"
+    if rounds_done >= max_iterations:
+        return f"max iterations reached ({max_iterations})"
+    if elapsed_s >= max_duration_s:
+        return f"max duration reached ({max_duration_s / 60:.0f} min)"
+    return None
