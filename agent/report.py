@@ -79,8 +79,11 @@ def close_round(
     atomic_write_text(round_dir / "summary.md", round_summary(run_dir, record, manifest, best_before, state.baseline))
     m = record.measurements[-1] if record.measurements else None
     g = m.geomeans if m else {}
-    base = state.baseline.geomeans[manifest.primary_metric]
-    with (run_dir / "logs" / "optimize.md").open("a") as log:
+    base = state.rounds[0].measurements[0].geomeans[manifest.primary_metric]  # baseline, representative shapes
+    optimize_log = run_dir / "logs" / "optimize.md"
+    if f"## Round {record.number}:" in optimize_log.read_text():  # closed before a kill: append once only
+        return
+    with optimize_log.open("a") as log:
         log.write(f"## Round {record.number}: {record.status}\n\n- {_describe(record)}: {record.hypothesis or '-'}\n"
                   f"- {record.reason}\n" + (f"- commit {record.commit}\n" if record.commit else "") + "\n")
     with (run_dir / "logs" / "performance_trend.md").open("a") as trend:
@@ -155,11 +158,13 @@ def write_report(run_dir: Path, state: CampaignState, manifest: Manifest, final:
             v = values.get(label, math.nan)
             cells += [f"{v:.4g}", f"{value / v:.3f}x" if v and math.isfinite(v) else "n/a"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "## Rounds", "", "| round | status | direction | change | gain vs best | reason | commit |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Rounds", "",
+              "| round | status | direction | change | expected | measured vs best | reason | commit |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in opt:
-        lines.append(f"| {r.number} | {r.status} | {r.direction} | {_describe(r)} | "
-                     f"{r.expected_gain_pct:+.1f}% expected | {r.reason} | {(r.commit or '')[:10]} |")
+        measured = f"{r.gain_pct:+.2f}%" if r.gain_pct is not None else "n/a"
+        lines.append(f"| {r.number} | {r.status} | {r.direction} | {_describe(r)} | {r.expected_gain_pct:+.1f}% | "
+                     f"{measured} | {r.reason} | {(r.commit or '')[:10]} |")
     ineffective = sorted({f"{r.change.bucket} {r.change.knob} -> {r.change.new}" for r in opt
                           if r.status != "ACCEPT" and r.change})
     lines += ["", "## Ineffective directions", ""] + [f"- {x}" for x in ineffective or ["none"]]

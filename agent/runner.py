@@ -137,12 +137,10 @@ class Campaign:
 
     def speedup(self) -> float:
         """Best over baseline on the primary metric, both on the representative shapes (nan before BASELINE)."""
-        if self.state.best is None or self.state.baseline is None:
+        if self.state.best is None or not self.state.rounds:
             return math.nan
         metric = self.manifest.primary_metric
-        baseline = measure(read_summary(self.run_dir / self.state.baseline.csv), metric, self.state.baseline.csv,
-                           self.manifest.representative_shapes)
-        return self.state.best.geomeans[metric] / baseline.geomeans[metric]
+        return self.state.best.geomeans[metric] / self.state.rounds[0].measurements[0].geomeans[metric]
 
     def _tips(self) -> list[Tip]:
         return load_tips(self.root, self.manifest.op, self.state.device, self.manifest.resolved_variant)
@@ -204,8 +202,9 @@ class Campaign:
         self.state.baseline = measure(summary, metric, self.rel(csv))
         self.state.best = measure(summary, metric, self.rel(csv), reps)
         (rd / "candidate.diff").write_text("")  # the baseline changes nothing
+        # Round 1 records the representative shapes, like every later round: the trend compares like with like.
         record = RoundRecord(number=1, status="ACCEPT", reason=f"baseline: {len(shapes)} shapes, every one PASS",
-                             measurements=[self.state.baseline], commit=self.state.start_commit)
+                             measurements=[self.state.best], commit=self.state.start_commit)
         self.state.rounds = [record]
         close_round(self.run_dir, self.state, record, self.manifest, None)
         self.say(f"baseline {metric} geomean {self.state.baseline.geomeans[metric]:.4g}; representative: {reps}")

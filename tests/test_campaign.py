@@ -1,0 +1,177 @@
+"""The campaign state machine on a throwaway git repo, with a deterministic fake measurer.
+
+The fake scores the gemm tuned table: BLOCK_M 128 is 10% faster, GROUP_M 4 is 10% slower, BLOCK_M
+256 is 3% slower, everything else changes nothing. So a 4-round campaign must roll back GROUP_M
+8 -> 4 (a regression), re-measure GROUP_M 8 -> 16 and roll it back as noise, accept BLOCK_M 64 -> 128
+and roll back BLOCK_M 128 -> 256.
+"""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import git
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.manifest import parse_manifest
+from agent.measure import BenchRequest
+from agent.proposers.search import read_tuning
+from agent.runner import Campaign
+from harness.errors import UserError
+from harness.files import REPO_ROOT
+from harness.meta import BenchMeta, TimingInfo, environment, write_meta
+from harness.schema import GEMM, write_summary
+from harness.shapes import load_shape_file
+from tests.test_schema import gemm_row
+
+EXPECTED = [("ROLLBACK", "GROUP_M", 4), ("ROLLBACK", "GROUP_M", 16), ("ACCEPT", "BLOCK_M", 128),
+            ("ROLLBACK", "BLOCK_M", 256)]
+
+
+def make_repo(path: Path) -> Path:
+    (path / "kernels" / "gemm").mkdir(parents=True)
+    for name in ("kernel.py", "tuning.py"):  # the op's mutable files
+        shutil.copy(REPO_ROOT / "kernels" / "gemm" / name, path / "kernels" / "gemm" / name)
+    (path / "README.md").write_text("a throwaway repo\n")
+    (path / ".gitignore").write_text("campaigns/runs/\n")
+    repo = git.Repo.init(path)
+    repo.git.add(A=True)
+    repo.git.commit("-m", "start", "--author", "t <t@t>")
+    return path
+
+
+def speed(root: Path) -> float:
+    _, table = read_tuning(root / "kernels" / "gemm" / "tuning.py")
+    cfg = table["small"]
+    factor = {128: 1.10, 256: 1.10 * 0.97}.get(cfg["BLOCK_M"], 1.0)
+    return 100.0 * factor * (0.90 if cfg["GROUP_M"] == 4 else 1.0)
+
+
+class FakeMeasurer:
+    def __init__(self, root: Path, interrupt_at_call: int | None = None) -> None:
+        self.root, self.calls, self.interrupt_at_call = root, 0, interrupt_at_call
+
+    def __call__(self, request: BenchRequest) -> None:
+        self.calls += 1
+        if self.calls == self.interrupt_at_call:
+            raise KeyboardInterrupt  # the process dies in the middle of this measurement
+        labels = [s.label for s in load_shape_file(request.shapes_file)]
+        value = speed(self.root)
+        write_summary(request.summary_csv, GEMM, [gemm_row(label, fwd=value, bwd=value) for label in labels])
+        meta = BenchMeta(op="gemm", runner="fake", csv_schema="gemm", dtype="fp16", variant="default", shapes="t",
+                         seed=0, timing=TimingInfo(mode="fake", repeats=1, warmup=0, l2_flush=False),
+                         **environment(torch.device("cpu")))
+        write_meta(request.summary_csv, meta)
+        if request.compare_baselines:
+            rows = [gemm_row(label, fwd=200.0, bwd=200.0) for label in labels]
+            write_summary(request.summary_csv.with_name("benchmark.baseline-torch_matmul.csv"), GEMM, rows)
+
+
+def manifest(name: str, **overrides):
+    return parse_manifest({"campaign": name, "op": "gemm", "shapes": "smoke", "max_iterations": 4} | overrides, "test")
+
+
+def run_campaign(root: Path, name: str, measurer=None) -> Campaign:
+    measurer = measurer or FakeMeasurer(root)
+    campaign = Campaign.create(root, manifest(name), measurer=measurer, console=Console(quiet=True))
+    campaign.run()
+    return campaign
+
+
+def outcomes(campaign: Campaign) -> list[tuple[str, str, int]]:
+    return [(r.status, r.change.knob, r.change.new) for r in campaign.state.optimization_rounds()]
+
+
+def test_campaign_accepts_and_rolls_back_with_lineage_logs_and_report(tmp_path):
+    root = make_repo(tmp_path / "repo")
+    campaign = run_campaign(root, "c1")
+    state = campaign.state
+    assert state.phase == "DONE" and outcomes(campaign) == EXPECTED
+    assert state.stop_reason.startswith("max iterations")
+    remeasured = state.rounds[2]
+    assert len(remeasured.measurements) == 1 + campaign.rules.remeasure_count
+    repo = git.Repo(root)
+    assert repo.active_branch.name == "optimize/c1"
+    assert repo.head.commit.hexsha == state.best_commit
+    subjects = [c.message for c in repo.iter_commits(max_count=2)]
+    assert subjects[0].startswith("[optimize] gemm triton round-4: small BLOCK_M 64 -> 128")
+    assert "\nHypothesis: " in subjects[0] and "\nResult: " in subjects[0]
+    assert repo.git.diff("HEAD~1", "--name-only").split() == ["kernels/gemm/tuning.py"]
+    assert not repo.is_dirty(untracked_files=True)
+    assert "master" in repo.heads or "main" in repo.heads  # the user's branch is untouched
+    run = campaign.run_dir
+    for n in range(1, 6):
+        for name in ("summary.md", "candidate.diff", "artifacts/benchmark.csv"):
+            assert (run / "rounds" / f"round-{n}" / name).exists(), (n, name)
+    trend = (run / "logs" / "performance_trend.md").read_text()
+    assert trend.count("| ACCEPT |") == 2 and trend.count("| ROLLBACK |") == 3  # baseline + round 4; 3 rollbacks
+    assert (run / "report.md").exists() and (run / "metric_by_round.png").stat().st_size > 1000
+    assert "| smoke/square-128 | 100 | 110 | 1.100x | 200 | 0.550x |" in (run / "report.md").read_text()
+    assert "GROUP_M" in (run / "tips.yaml").read_text()
+
+
+def test_kill_during_validate_then_resume_gives_the_same_campaign(tmp_path):
+    reference = run_campaign(make_repo(tmp_path / "a"), "same")
+    root = make_repo(tmp_path / "b")
+    # calls: 1 baseline, 2 round 2, 3-6 round 3 (with re-measures), 7 round 4: die inside round 4's VALIDATE
+    killed = Campaign.create(root, manifest("same"), measurer=FakeMeasurer(root, interrupt_at_call=7),
+                             console=Console(quiet=True))
+    with pytest.raises(KeyboardInterrupt):
+        killed.run()
+    resumed = Campaign.open(root, "same", measurer=FakeMeasurer(root), console=Console(quiet=True))
+    assert resumed.state.phase == "VALIDATE" and resumed.state.round == 4
+    resumed.run()
+    assert outcomes(resumed) == outcomes(reference) == EXPECTED
+    repo = git.Repo(root)
+    assert repo.head.commit.hexsha == resumed.state.best_commit and not repo.is_dirty(untracked_files=True)
+    assert len([c for c in repo.iter_commits() if c.message.startswith("[optimize]")]) == 1
+    optimize_log = (resumed.run_dir / "logs" / "optimize.md").read_text()
+    assert [optimize_log.count(f"## Round {n}:") for n in range(1, 6)] == [1] * 5
+
+
+def test_a_dirty_tree_is_refused_before_anything_is_written(tmp_path):
+    root = make_repo(tmp_path / "repo")
+    (root / "kernels" / "gemm" / "tuning.py").write_text("# edited\n")
+    with pytest.raises(UserError, match=r"not clean \(kernels/gemm/tuning.py\)"):
+        Campaign.create(root, manifest("dirty"), measurer=FakeMeasurer(root))
+    assert not (root / "campaigns").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_iterations": 500}, "field 'max_iterations'"),
+        ({"primary_metric": "latency"}, "field 'primary_metric'"),
+        ({"variant": "fp4"}, "variant 'fp4'"),
+        ({"mutable_files": ["harness/gate.py"]}, "not mutable files of gemm"),
+        ({"colour": "blue"}, "field 'colour'"),
+    ],
+)
+def test_a_wrong_manifest_field_is_one_clear_line(overrides, message):
+    with pytest.raises(UserError, match=message) as info:
+        manifest("bad", **overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_start_with_a_bad_manifest_exits_2(tmp_path, monkeypatch):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("op: gemm\nshapes: smoke\nmax_iterations: 0\n")
+    monkeypatch.chdir(make_repo(tmp_path / "repo"))
+    result = CliRunner().invoke(app, ["start", "--manifest", str(bad)])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and "max_iterations" in result.output
+
+
+def test_real_campaign_through_the_cli_in_a_clone(tmp_path):
+    """The real thing, small: benches in subprocesses on the clone's own code, under the interpreter."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
+    result = subprocess.run(["turbo-opt", "start", "--op", "gemm", "--shapes", "smoke", "--max-iterations", "1",
+                             "--name", "ci", "--repeats", "1"], cwd=clone, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    run = clone / "campaigns" / "runs" / "ci"
+    assert (run / "report.md").exists() and (run / "rounds" / "round-2" / "summary.md").exists()
+    assert not git.Repo(clone).is_dirty(untracked_files=True)

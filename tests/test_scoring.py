@@ -1,0 +1,96 @@
+"""The decision rules on synthetic summary CSVs: no GPU, no timing, no git."""
+
+import math
+
+import pytest
+
+from agent.scoring import decide, geomean, measure, stagnated, termination_reason
+from harness.rules import load_rules
+from harness.schema import GEMM, read_summary, write_summary
+from tests.test_schema import gemm_row
+
+LABELS = ("small", "medium", "large")
+RULES = load_rules()
+
+
+def measurement(tmp_path, name, scale=None, fail=()):
+    scale = scale or {}
+    rows = [gemm_row(label, check="FAIL" if label in fail else "PASS", fwd=100.0 * scale.get(label, 1.0),
+                     bwd=90.0 * scale.get(label, 1.0)) for label in LABELS]
+    return measure(read_summary(write_summary(tmp_path / f"{name}.csv", GEMM, rows)), "step", f"{name}.csv")
+
+
+def test_measure_scores_every_metric_over_pass_rows(tmp_path):
+    m = measurement(tmp_path, "m", scale={"large": 2.0}, fail=("small",))
+    assert not m.all_pass and m.failed == ["small"]
+    assert m.geomeans["forward"] == pytest.approx(geomean([100.0, 200.0]))
+    assert set(m.per_shape) == set(LABELS)
+
+
+def test_accept_a_clear_gain(tmp_path):
+    best = measurement(tmp_path, "best")
+    cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 1.05))
+    d = decide([cand], best, "step", RULES, LABELS)
+    assert d.verdict == "ACCEPT" and d.gain_pct == pytest.approx(5.0, abs=0.01)
+
+
+def test_reject_any_fail_even_when_faster(tmp_path):
+    best = measurement(tmp_path, "best")
+    cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 1.5), fail=("medium",))
+    d = decide([cand], best, "step", RULES, LABELS)
+    assert d.verdict == "ROLLBACK" and "FAIL on medium" in d.reason
+
+
+def test_reject_a_six_percent_regression_of_one_representative_shape(tmp_path):
+    best = measurement(tmp_path, "best")
+    cand = measurement(tmp_path, "cand", scale={"small": 1.20, "medium": 1.20, "large": 0.94})
+    d = decide([cand], best, "step", RULES, LABELS)
+    assert d.verdict == "ROLLBACK" and d.reason.startswith("large regressed 6.0%")
+    assert d.gain_pct > RULES.noise_floor_pct  # the aggregate alone would have been accepted
+
+
+def test_gain_under_the_noise_floor_is_remeasured_then_decided(tmp_path):
+    best = measurement(tmp_path, "best")
+    small_gain = measurement(tmp_path, "c1", scale=dict.fromkeys(LABELS, 1.01))
+    runs = [small_gain]
+    for i in range(RULES.remeasure_count):
+        assert decide(runs, best, "step", RULES, LABELS).verdict == "REMEASURE"
+        runs.append(measurement(tmp_path, f"r{i}", scale=dict.fromkeys(LABELS, 1.01)))
+    final = decide(runs, best, "step", RULES, LABELS)
+    assert final.verdict == "ACCEPT" and f"all {len(runs)} measurements" in final.reason
+    mixed = [small_gain] + [measurement(tmp_path, f"m{i}", scale=dict.fromkeys(LABELS, 0.995))
+                            for i in range(RULES.remeasure_count)]
+    assert decide(mixed, best, "step", RULES, LABELS).verdict == "ROLLBACK"
+
+
+def test_clearly_slower_is_rolled_back_without_remeasuring(tmp_path):
+    best = measurement(tmp_path, "best")
+    cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 0.97))
+    assert decide([cand], best, "step", RULES, LABELS).verdict == "ROLLBACK"
+
+
+def test_stagnation_switch():
+    assert not stagnated(RULES.stagnation_rollbacks - 1, RULES)
+    assert stagnated(RULES.stagnation_rollbacks, RULES)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({}, None),
+        ({"stop_requested": True}, "stopped by the user"),
+        ({"speedup": 1.3, "target_speedup": 1.25}, "target reached"),
+        ({"rounds_done": 10}, "max iterations"),
+        ({"elapsed_s": 3600.0}, "max duration"),
+    ],
+)
+def test_termination(overrides, expected):
+    args = dict(rounds_done=3, max_iterations=10, elapsed_s=60.0, max_duration_s=3600.0, speedup=1.1,
+                target_speedup=None, stop_requested=False) | overrides
+    reason = termination_reason(**args)
+    assert (reason is None) if expected is None else reason.startswith(expected)
+
+
+def test_geomean_ignores_non_positive_and_nan():
+    assert geomean([4.0, 1.0, math.nan, 0.0]) == pytest.approx(2.0)
+    assert math.isnan(geomean([]))
