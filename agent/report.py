@@ -88,7 +88,10 @@ def close_round(
                   f"- {record.reason}\n" + (f"- commit {record.commit}\n" if record.commit else "") + "\n")
     with (run_dir / "logs" / "performance_trend.md").open("a") as trend:
         cells = [f"{g.get(k, math.nan):.4g}" for k in ("forward", "backward", "step")]
-        vs = _pct(g.get(manifest.primary_metric, math.nan), base) if m else "n/a"
+        if m and not m.all_pass:  # geomeans over the shapes that still pass would flatter a broken candidate
+            cells, vs = ["FAIL"] * 3, f"FAIL on {len(m.failed)} shape(s)"
+        else:
+            vs = _pct(g.get(manifest.primary_metric, math.nan), base) if m else "n/a"
         trend.write(f"| {record.number} | {record.status} | {_describe(record)} | {' | '.join(cells)} | {vs} |\n")
 
 
@@ -100,6 +103,9 @@ def plot_rounds(state: CampaignState, manifest: Manifest, path: Path) -> Path:
     best = math.nan
     for r in state.rounds:
         if not r.measurements:
+            continue
+        if not r.measurements[-1].all_pass:
+            ax.axvline(r.number, color="black", alpha=0.3, linestyle=":")  # a FAIL round has no honest value
             continue
         value = r.measurements[-1].geomeans[metric]
         ax.scatter(r.number, value, color=colors[r.status], zorder=3)

@@ -1,7 +1,8 @@
 """The built-in search proposer: one knob of one tuned-table bucket per round.
 
-It reads the op's `kernels/<op>/tuning.py` (TUNABLE_SPACE, TUNED_TABLE and `buckets_for`, which
-says which buckets the campaign's shapes use), proposes moving one knob of one used bucket to a
+It reads the op's `kernels/<op>/tuning.py` (TUNABLE_SPACE, TUNED_TABLE, `buckets_for`, which
+says which buckets the campaign's shapes use, and `fits`, which rejects configs the GPU cannot
+run), proposes moving one knob of one used bucket to a
 neighbouring value of its declared space, never a value already evaluated, ordered by expected
 gain, and applies it by rewriting the TUNED_TABLE literal in place: a one-line source diff.
 """
@@ -80,9 +81,11 @@ class SearchProposer:
         return set().union(*(buckets_for(dims, context.variant) for dims in context.shape_dims))
 
     def candidates(self, context: ProposalContext) -> list[Proposal]:
-        """Every untried one-step move of a knob of the current direction, best expected gain first."""
+        """Every untried one-step move of a knob of the current direction that fits the GPU (the tuning
+        module's `fits`, e.g. shared memory), best expected gain first."""
         file = tuning_file(context.op)
         space, table = read_tuning(context.root / file)
+        fits = getattr(importlib.import_module(f"kernels.{context.op}.tuning"), "fits", lambda cfg: True)
         proposals = []
         for bucket in sorted(self.buckets(context) & set(table)):
             for knob in DIRECTIONS[context.direction]:
@@ -95,7 +98,7 @@ class SearchProposer:
                     if not 0 <= i + step < len(allowed):
                         continue
                     new = allowed[i + step]
-                    if (file, bucket, knob, new) in context.visited:
+                    if (file, bucket, knob, new) in context.visited or not fits(table[bucket] | {knob: new}):
                         continue
                     prior = PRIOR_GAIN_PCT[(knob, step)]
                     learned = context.learned_gain_pct.get((knob, step))

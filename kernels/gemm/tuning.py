@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kernels.common.device import SHARED_MEMORY_BYTES, pipelined_tile_bytes
+
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (32, 64, 128, 256),
     "BLOCK_N": (32, 64, 128, 256),
@@ -61,3 +63,10 @@ def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
     """Buckets a Linear layer's step of these dims uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
     M, N, K = dims["M"], dims["N"], dims["K"]
     return {shape_bucket(M, N, K), shape_bucket(M, K, N), shape_bucket(N, K, M)}
+
+
+def fits(cfg: Mapping[str, int]) -> bool:
+    """Whether a config's pipelined tiles fit in shared memory (bf16/fp16 operands: 2 bytes); the search skips the rest."""
+    return pipelined_tile_bytes(
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"], 2
+    ) <= SHARED_MEMORY_BYTES

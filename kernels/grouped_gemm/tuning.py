@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernels.common.device import SHARED_MEMORY_BYTES, pipelined_tile_bytes
 from kernels.grouped_gemm.kernel import GroupedConfig
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
@@ -54,3 +55,10 @@ def config_for(pass_name: str, total_tokens: int, groups: int) -> GroupedConfig:
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
     """Buckets a fwd+bwd step of these dims (B groups of M tokens on average) uses: one per pass."""
     return {bucket(p, dims["B"] * dims["M"], dims["B"]) for p in PASSES}
+
+
+def fits(cfg: Mapping[str, int]) -> bool:
+    """Whether a config's pipelined tiles fit in shared memory (bf16/fp16 operands: 2 bytes); the search skips the rest."""
+    return pipelined_tile_bytes(
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"], 2
+    ) <= SHARED_MEMORY_BYTES

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernels.common.device import SHARED_MEMORY_BYTES, pipelined_tile_bytes
 from kernels.common.fp8 import Granularity
 from kernels.grouped_gemm.kernel import GroupedConfig
 from kernels.grouped_gemm.tuning import PASSES, bucket, validated
@@ -53,3 +54,10 @@ def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[s
     """Buckets a fwd+bwd step of these dims uses under a variant such as "hybrid-blockwise"."""
     granularity = Granularity(variant.split("-")[1])
     return {_key(p, dims["B"] * dims["M"], dims["B"], granularity) for p in PASSES}
+
+
+def fits(cfg: Mapping[str, int]) -> bool:
+    """Whether a config's pipelined tiles fit in shared memory (fp8 operands: 1 byte); the search skips the rest."""
+    return pipelined_tile_bytes(
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"], 1
+    ) <= SHARED_MEMORY_BYTES
