@@ -27,7 +27,7 @@ def test_proposals_move_one_knob_of_a_used_bucket_to_a_neighbour(tmp_path):
     root = op_root(tmp_path, "gemm")
     proposals = SearchProposer().candidates(context(root))
     assert proposals and all(p.change.bucket == "small" for p in proposals)  # smoke shapes use only "small"
-    space, table = read_tuning(root / "kernels/gemm/tuning.py")
+    space, _ = read_tuning(root / "kernels/gemm/tuning.py")
     for p in proposals:
         allowed = space[p.change.knob]
         assert abs(allowed.index(p.change.new) - allowed.index(p.change.old)) == 1
