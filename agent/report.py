@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from agent.manifest import Manifest
 from agent.state import CampaignState, Measurement, RoundRecord
@@ -95,7 +96,7 @@ def close_round(
         trend.write(f"| {record.number} | {record.status} | {_describe(record)} | {' | '.join(cells)} | {vs} |\n")
 
 
-def plot_rounds(state: CampaignState, manifest: Manifest, path: Path) -> Path:
+def plot_rounds(run_dir: Path, state: CampaignState, manifest: Manifest, path: Path) -> Path:
     metric = manifest.primary_metric
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = {"ACCEPT": "tab:green", "ROLLBACK": "tab:red", "ERROR": "black", "OPEN": "grey"}
@@ -114,8 +115,10 @@ def plot_rounds(state: CampaignState, manifest: Manifest, path: Path) -> Path:
         best_line.append((r.number, best))
     if best_line:
         ax.step(*zip(*best_line, strict=True), where="post", color="tab:blue", label="best so far")
-    ax.set_xlabel("round (1 = baseline)")
-    ax.set_ylabel(f"{metric} geomean, representative shapes")
+    unit = read_summary(run_dir / state.rounds[0].measurements[0].csv).schema.metric
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round (1 = baseline; dotted: a round with FAIL rows)")
+    ax.set_ylabel(f"{metric} geomean, representative shapes ({unit})")
     ax.set_title(f"{manifest.campaign}: {manifest.op} ({'green accept, red rollback'})")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -176,5 +179,5 @@ def write_report(run_dir: Path, state: CampaignState, manifest: Manifest, final:
     lines += ["", "## Ineffective directions", ""] + [f"- {x}" for x in ineffective or ["none"]]
     lines += ["", f"Exhausted knob families: {', '.join(state.exhausted_directions) or 'none'}", "",
               "## Next steps", "", next_steps, ""]
-    plot_rounds(state, manifest, run_dir / "metric_by_round.png")
+    plot_rounds(run_dir, state, manifest, run_dir / "metric_by_round.png")
     return atomic_write_text(run_dir / "report.md", "\n".join(lines))
