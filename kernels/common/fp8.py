@@ -144,45 +144,61 @@ def _quantize_rows_kernel(
 
 
 @triton.jit
-def _quantize_cols_t_kernel(
-    x_ptr, qt_ptr, scale_ptr, amax_ptr, offs_ptr, padded_offs_ptr,
-    C, stride_xm, stride_qc, stride_sg, stride_sc, stride_sb, stride_amax,
-    FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
-    MODE: tl.constexpr,  # 0 tensorwise (amax given), 1 rowwise per (segment, column), 2 blockwise 128 rows
+def _token_block(tb, block_group_ptr, offs_ptr, padded_offs_ptr, G, BLOCK_T: tl.constexpr):
+    """Rows of x behind padded token block `tb`, their mask, and the block's group (clamped to G-1).
+
+    Blocks past the last group (the buffer's slack) get an all-false mask: they write zeros.
+    """
+    g = tl.load(block_group_ptr + tb)
+    last = tl.minimum(g, G - 1)
+    start = tl.load(offs_ptr + last)
+    end = tl.where(g < G, tl.load(offs_ptr + last + 1), start)  # a slack block: empty row range
+    j = tb - tl.load(padded_offs_ptr + last) // BLOCK_T
+    rows = start + j * BLOCK_T + tl.arange(0, BLOCK_T)
+    return rows, rows < end, last
+
+
+@triton.jit
+def _cols_t_amax_kernel(
+    x_ptr, amax_ptr, offs_ptr, padded_offs_ptr, block_group_ptr, G, C, stride_xm,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """q^T[c, p + t - start] for the rows t of segment g, p = padded_offs[g] (grid: segments x column blocks).
+    """amax[g, c] over group g's rows, one program per (128-row block, column block): balanced under skew."""
+    tb = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows, row_mask, g = _token_block(tb, block_group_ptr, offs_ptr, padded_offs_ptr, G, BLOCK_T)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < C))
+    # A block without rows contributes 0, the amax's initial value: no need to mask it out.
+    tl.atomic_max(amax_ptr + g * C + cols, tl.max(tl.abs(x.to(tl.float32)), axis=0), mask=cols < C)
 
-    x is [M, C] row-major. Each segment's columns in q^T start on a multiple of BLOCK_T and its
-    padding is written as zeros, so readers load whole aligned blocks without masks.
+
+@triton.jit
+def _quantize_cols_t_kernel(
+    x_ptr, qt_ptr, scale_ptr, offs_ptr, padded_offs_ptr, block_group_ptr,
+    G, C, stride_xm, stride_qc, stride_sg, stride_sc, stride_sb,
+    FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
+    BLOCKWISE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """q^T[c, 128*tb + i] for padded token block tb (grid: padded blocks x column blocks).
+
+    Scales: given per (group, column) through strides (tensorwise, rowwise), or computed per
+    column of this 128-row block (BLOCKWISE) and stored at [c, tb]. Every column of q^T is
+    written, padding and slack as zeros, at 128-aligned offsets (vectorized stores).
     """
-    g = tl.program_id(0)
+    tb = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
-    start = tl.load(offs_ptr + g)
-    end = tl.load(offs_ptr + g + 1)
-    dest = tl.multiple_of(tl.load(padded_offs_ptr + g), BLOCK_T)  # 128-aligned: vectorized stores
-    if MODE == 0:
-        amax = tl.load(amax_ptr + g * stride_amax)
-        scale = tl.zeros((BLOCK_C,), dtype=tl.float32) + tl.maximum(amax, EPS) / FP8_MAX
-    elif MODE == 1:
-        amax = tl.zeros((BLOCK_C,), dtype=tl.float32)
-        for t0 in range(start, end, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            x = tl.load(x_ptr + t[:, None] * stride_xm + cols[None, :], mask=(t[:, None] < end) & col_mask[None, :])
-            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
-        scale = tl.maximum(amax, EPS) / FP8_MAX
-        tl.store(scale_ptr + g * stride_sg + cols * stride_sc, scale, mask=col_mask)
-    for j in range(0, tl.cdiv((end - start).to(tl.int32), BLOCK_T)):
-        t = start + j * BLOCK_T + tl.arange(0, BLOCK_T)
-        x = tl.load(x_ptr + t[:, None] * stride_xm + cols[None, :], mask=(t[:, None] < end) & col_mask[None, :])
-        x = x.to(tl.float32)
-        if MODE == 2:  # BLOCK_T == 128: one scale per column per aligned 128-row block
-            scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
-            tl.store(scale_ptr + cols * stride_sc + (dest // BLOCK_T + j) * stride_sb, scale, mask=col_mask)
-        q = _to_fp8_range(x / scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(qt_ptr.dtype.element_ty)
-        dest_cols = dest + j * BLOCK_T + tl.arange(0, BLOCK_T)
-        tl.store(qt_ptr + cols[:, None] * stride_qc + dest_cols[None, :], tl.trans(q), mask=col_mask[:, None])
+    rows, row_mask, g = _token_block(tb, block_group_ptr, offs_ptr, padded_offs_ptr, G, BLOCK_T)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_mask[:, None] & col_mask[None, :])
+    x = x.to(tl.float32)
+    if BLOCKWISE:
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
+        tl.store(scale_ptr + cols * stride_sc + tb * stride_sb, scale, mask=col_mask)
+    else:
+        scale = tl.load(scale_ptr + g * stride_sg + cols * stride_sc, mask=col_mask, other=1.0)
+    q = _to_fp8_range(x / scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(qt_ptr.dtype.element_ty)
+    dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
+    tl.store(qt_ptr + cols[:, None] * stride_qc + dest[None, :], tl.trans(q), mask=col_mask[:, None])
 
 
 @triton.jit
@@ -288,7 +304,8 @@ def quantize_cols_t(
     group padded with zeros to a multiple of 128 so readers take aligned, unmasked 128-token
     blocks. scale: TENSORWISE [1] (or [G] with `per_segment_tensor_scale`, for equal-sized groups
     such as stacked expert weights), ROWWISE [G, C], BLOCKWISE [C, capacity / 128] indexed by the
-    padded column // 128 (blocks never cross groups).
+    padded column // 128 (blocks never cross groups). The kernels run one program per 128-row
+    block, so a group holding most tokens gets most programs (skew-balanced).
     """
     if x.ndim != 2 or x.stride(1) != 1:
         raise ValueError(f"quantize_cols_t: x must be 2-D with contiguous rows, got {tuple(x.shape)}")
@@ -298,25 +315,29 @@ def quantize_cols_t(
     fmax = FP8_MAX[fp8_dtype]
     capacity = padded_capacity(M, G)
     padded = padded_offsets(group_offs)
-    # Zeros beyond the last group too: a reader of the whole buffer sees no stale bytes.
-    qt = torch.zeros((C, capacity), dtype=fp8_dtype, device=x.device)
-    amax, amax_stride = None, 0
+    # Group of every padded 128-row block, found on the device (G for the slack past the last group).
+    block_group = torch.searchsorted(padded[1:], torch.arange(0, capacity, BLOCK, device=x.device), right=True)
+    qt = torch.empty((C, capacity), dtype=fp8_dtype, device=x.device)
+    block_c = 64
+    grid = (capacity // BLOCK, triton.cdiv(C, block_c))
     if granularity == Granularity.TENSORWISE:
-        amax_stride = int(per_segment_tensor_scale)
-        amax = segment_amax(x, M // G if per_segment_tensor_scale and G else max(M, 1))
-        scale, mode, strides = torch.clamp_min(amax, AMAX_EPS) / fmax, 0, (0, 0, 0)
+        segment_rows = M // G if per_segment_tensor_scale and G else max(M, 1)
+        scale = torch.clamp_min(segment_amax(x, segment_rows), AMAX_EPS) / fmax
+        strides = (int(per_segment_tensor_scale), 0, 0)
     elif granularity == Granularity.ROWWISE:
-        scale, mode = torch.empty((G, C), dtype=torch.float32, device=x.device), 1
+        amax = torch.zeros((max(G, 1), C), dtype=torch.float32, device=x.device)
+        if G and C:
+            _cols_t_amax_kernel[grid](x, amax, group_offs, padded, block_group, G, C, x.stride(0),
+                                      BLOCK_T=BLOCK, BLOCK_C=block_c)
+        scale = torch.clamp_min(amax[:G], AMAX_EPS) / fmax
         strides = (scale.stride(0), scale.stride(1), 0)
     else:
-        scale, mode = torch.zeros((C, capacity // BLOCK), dtype=torch.float32, device=x.device), 2
+        scale = torch.empty((C, capacity // BLOCK), dtype=torch.float32, device=x.device)
         strides = (0, scale.stride(0), scale.stride(1))
     if G and C:
-        block_c = 64
-        _quantize_cols_t_kernel[(G, triton.cdiv(C, block_c))](
-            x, qt, scale, amax if amax is not None else scale, group_offs, padded,
-            C, x.stride(0), qt.stride(0), *strides, amax_stride,
-            **fmt, EPS=AMAX_EPS, MODE=mode, BLOCK_T=BLOCK, BLOCK_C=block_c,
+        _quantize_cols_t_kernel[grid](
+            x, qt, scale, group_offs, padded, block_group, G, C, x.stride(0), qt.stride(0), *strides,
+            **fmt, EPS=AMAX_EPS, BLOCKWISE=granularity == Granularity.BLOCKWISE, BLOCK_T=BLOCK, BLOCK_C=block_c,
         )
     return qt, scale, padded
 
