@@ -8,6 +8,7 @@ row with NaN metrics, and the run goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import zlib
@@ -20,7 +21,7 @@ import torch
 from harness.errors import UserError
 from harness.meta import BenchMeta, TimingInfo, environment, write_meta
 from harness.schema import FAIL, PASS, CsvSchema, get_schema, write_summary
-from harness.shapes import Shape
+from harness.shapes import Shape, split_tokens
 from harness.snr import snr_db, snr_passes
 from harness.timing import INTERPRETER_NOTE, Timer, Timing
 from kernels.common.device import default_device, interpreter_mode
@@ -118,34 +119,107 @@ def _failed(shape: Shape, dims: dict[str, int], error: str, flops: tuple[float, 
     return ShapeResult(shape, dims, FAIL, {}, NAN_TIMING, NAN_TIMING, flops, error)
 
 
+# A second, independent set of input values for the re-check after timing.
+RECHECK_SEED_OFFSET = 7919
+# An output whose norm is this small next to the reference's has not computed anything.
+NEAR_ZERO_NORM = 1e-3
+
+
+class CheckFailed(Exception):
+    """A correctness check failed for a reason SNR alone would not name."""
+
+
+def _check_outputs(
+    spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, outputs: Tensors,
+    names: tuple[str, ...],
+) -> dict[str, float]:
+    """Poison the outputs, run, and return the SNR of each output; raise CheckFailed on an input
+    written by the runner or an output of near-zero norm."""
+    before = {k: v.clone() for k, v in inputs.items()}
+    for t in outputs.values():
+        t.fill_(math.nan)
+    produced = runner.forward(problem, inputs, outputs) or {}
+    if runner.backward:
+        produced |= runner.backward(problem, inputs, outputs) or {}
+    _synchronize(problem.device)
+    written = [k for k, v in inputs.items() if not torch.equal(v, before[k])]
+    if written:
+        raise CheckFailed(f"wrote into its input(s) {', '.join(written)}")
+    results = outputs | produced
+    for name in names:
+        out_norm = torch.linalg.vector_norm(results[name].double()).item()
+        ref_norm = torch.linalg.vector_norm(ref[name].double()).item()
+        if ref_norm > 0 and out_norm < NEAR_ZERO_NORM * ref_norm:
+            raise CheckFailed(f"output {name} is ~zero (norm {out_norm:.3g} vs reference {ref_norm:.3g})")
+    return {name: snr_db(results[name], ref[name]) for name in names}
+
+
+def _failing(snrs: dict[str, float], formats: dict[str, str]) -> list[str]:
+    return [f"{name} {snr:.1f} dB" for name, snr in snrs.items() if not snr_passes(snr, formats[name])]
+
+
+def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors) -> None:
+    """New values in the same tensors (same id and data_ptr): what a training step does to its buffers."""
+    fresh = spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + RECHECK_SEED_OFFSET))
+    for name, tensor in inputs.items():
+        if tensor.is_floating_point():
+            tensor.copy_(fresh[name])
+
+
 def run_runner(
     spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
-    dims: dict[str, int], timer: Timer,
+    dims: dict[str, int], timer: Timer, extra_checks: list[Problem] = (),
 ) -> ShapeResult:
-    """Check one runner on one shape (poisoned outputs, SNR per output), then time fwd and bwd.
+    """Check one runner on one shape, time fwd and bwd, then check again.
 
-    A forward-only baseline is checked and timed on the forward alone (backward columns NaN).
+    Checks: outputs NaN-poisoned first, inputs unchanged, no near-zero output, SNR per output; then
+    every problem of `extra_checks` (other splits of a grouped shape); after timing, the same input
+    tensors refilled with new values must give correct results again (a cache keyed on tensor
+    identity or results that go wrong after some calls fail here). A forward-only baseline is checked
+    and timed on the forward alone (backward columns NaN).
     """
     flops = spec.flops(problem)
     backward = runner.backward
     checked = spec.outputs if backward else spec.forward_outputs
+    formats = spec.snr_formats(problem)
     try:
         outputs = spec.make_outputs(problem, inputs)
-        for t in outputs.values():
-            t.fill_(math.nan)
-        produced = runner.forward(problem, inputs, outputs) or {}
-        if backward:
-            produced |= backward(problem, inputs, outputs) or {}
-        _synchronize(problem.device)
-        results = outputs | produced
-        formats = spec.snr_formats(problem)
-        snrs = {name: snr_db(results[name], ref[name]) for name in checked}
-        passed = all(snr_passes(snrs[name], formats[name]) for name in checked)
+        snrs = _check_outputs(spec, runner, problem, inputs, ref, outputs, checked)
+        failing = _failing(snrs, formats)
+        for extra in extra_checks:
+            extra_inputs = spec.make_inputs(extra)
+            extra_snrs = _check_outputs(spec, runner, extra, extra_inputs, spec.reference(extra_inputs),
+                                        spec.make_outputs(extra, extra_inputs), checked)
+            wrong = _failing(extra_snrs, formats)
+            if wrong:
+                raise CheckFailed(f"wrong on split {list(extra.group_lens)}: {', '.join(wrong)}")
         fwd = timer.time(lambda: runner.forward(problem, inputs, outputs))
         bwd = timer.time(lambda: backward(problem, inputs, outputs)) if backward else NAN_TIMING
+        if not failing:
+            _refill_in_place(spec, problem, inputs)
+            recheck = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), outputs, checked),
+                               formats)
+            if recheck:
+                raise CheckFailed(f"wrong after timing on refilled inputs: {', '.join(recheck)}")
+    except CheckFailed as exc:
+        return _failed(shape, dims, f"check: {exc}", flops)
     except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
         return _failed(shape, dims, _describe(exc), flops)
-    return ShapeResult(shape, dims, PASS if passed else FAIL, snrs, fwd, bwd, flops)
+    return ShapeResult(shape, dims, PASS if not failing else FAIL, snrs, fwd, bwd, flops)
+
+
+def skew_checks(problem: Problem) -> list[Problem]:
+    """For a grouped problem: the same tokens split with one hot expert and with empty experts.
+
+    Every grouped check covers skew and empty groups, even when the benchmark shapes are uniform.
+    """
+    lens = problem.group_lens
+    if not lens or len(lens) < 2:
+        return []
+    total = sum(lens)
+    splits = (split_tokens(total, len(lens), "hot", seed=problem.seed), split_tokens(total, len(lens), "empty",
+                                                                                       seed=problem.seed))
+    return [dataclasses.replace(problem, group_lens=tuple(s)) for s in splits if tuple(s) != tuple(lens)]
 
 
 def run_shape(
@@ -161,7 +235,10 @@ def run_shape(
     except Exception as exc:
         error = _describe(exc)
         return {r.name: _failed(shape, dims, error, (math.nan, math.nan)) for r in runners}
-    results = {r.name: run_runner(spec, r, problem, inputs, ref, shape, dims, timer) for r in runners}
+    # Extra splits are checked for our kernel only: baselines are the vendor's, trusted.
+    extra = skew_checks(problem)
+    results = {r.name: run_runner(spec, r, problem, inputs, ref, shape, dims, timer,
+                                  extra if r is spec.runner else []) for r in runners}
     del inputs, ref
     return results
 

@@ -95,3 +95,79 @@ def test_unknown_variant_is_refused():
     with pytest.raises(UserError, match="no variant 'e4m3-columnwise'"):
         run_bench(get_spec("grouped_gemm_fp8"), load_shapes("grouped_gemm", "smoke"), shapes_source="smoke",
                   variant="e4m3-columnwise")
+
+
+def _cheating(spec, forward=None, backward=None):
+    runner = dataclasses.replace(spec.runner, forward=forward or spec.runner.forward,
+                                 backward=backward or spec.runner.backward)
+    return dataclasses.replace(spec, runner=runner)
+
+
+def _only(spec, **cheat):
+    shape = Shape(label="s", dims={"M": 64, "N": 48, "K": 32})
+    (result,) = run_bench(_cheating(spec, **cheat), [shape], shapes_source="t", repeats=2, warmup=1).ours
+    return result
+
+
+def test_a_runner_that_writes_into_its_input_fails():
+    spec = get_spec("gemm")
+
+    def forward(problem, inputs, outputs):
+        spec.runner.forward(problem, inputs, outputs)
+        inputs["a"].add_(1.0)
+
+    result = _only(spec, forward=forward)
+    assert result.check == "FAIL" and "wrote into its input(s) a" in result.error
+
+
+def test_an_identity_keyed_cache_fails_the_recheck_after_timing():
+    spec = get_spec("gemm")
+    cache = {}
+
+    def forward(problem, inputs, outputs):
+        key = inputs["a"].data_ptr()
+        if key not in cache:
+            spec.runner.forward(problem, inputs, outputs)
+            cache[key] = outputs["out"].clone()
+        outputs["out"].copy_(cache[key])
+
+    result = _only(spec, forward=forward)
+    assert result.check == "FAIL" and "wrong after timing on refilled inputs: out" in result.error
+
+
+def test_results_that_go_wrong_after_a_few_calls_fail():
+    spec = get_spec("gemm")
+    calls = [0]
+
+    def forward(problem, inputs, outputs):
+        calls[0] += 1
+        spec.runner.forward(problem, inputs, outputs)
+        if calls[0] > 3:
+            outputs["out"].mul_(0.5)
+
+    assert "wrong after timing" in _only(spec, forward=forward).error
+
+
+def test_zeros_fail_with_their_own_reason():
+    spec = get_spec("gemm")
+
+    def forward(problem, inputs, outputs):
+        outputs["out"].zero_()
+
+    assert "output out is ~zero" in _only(spec, forward=forward).error
+
+
+def test_grouped_checks_cover_skew_even_on_uniform_shapes():
+    spec = get_spec("grouped_gemm")
+
+    def uniform_only(problem, inputs, outputs):
+        lens = inputs["group_lens_host"].tolist()
+        if len(set(lens)) > 1:  # a shortcut that is only right when every group is the same size
+            outputs["out"].zero_()
+            return
+        spec.runner.forward(problem, inputs, outputs)
+
+    shape = Shape(label="u", dims={"B": 4, "M": 32, "N": 40, "K": 24}, group_lens=(32, 32, 32, 32))
+    (result,) = run_bench(_cheating(spec, forward=uniform_only), [shape], shapes_source="t", repeats=1,
+                          warmup=0).ours
+    assert result.check == "FAIL" and "wrong on split" in result.error or "~zero" in result.error
