@@ -49,13 +49,23 @@ class Lineage:
             branch = self.repo.create_head(name, start)
         branch.checkout()
 
-    def diff(self, paths: Sequence[str]) -> str:
-        """The working tree's changes to `paths` against HEAD, as a patch."""
+    def diff(self, paths: Sequence[str] = ()) -> str:
+        """The working tree's changes (to `paths`, or all tracked files) against HEAD, as a patch."""
         return self.repo.git.diff("HEAD", "--", *paths)
 
     def restore(self, commit: str, paths: Sequence[str]) -> None:
         """Put `paths` back exactly as they are in `commit` (a rollback)."""
         self.repo.git.checkout(commit, "--", *paths)
+
+    def discard_changes(self, commit: str) -> None:
+        """Undo every change in the working tree against `commit` (tracked files restored, new files
+        removed; ignored files such as the campaign dir are kept): a candidate's leftovers."""
+        tracked = set(self.repo.git.ls_tree("-r", "--name-only", commit).splitlines())
+        for path in self.dirty_paths():
+            if path in tracked:
+                self.repo.git.checkout(commit, "--", path)
+            else:
+                (self.root / path).unlink(missing_ok=True)
 
     def apply(self, patch_file: Path) -> None:
         if patch_file.read_text().strip():

@@ -28,7 +28,7 @@ def _pct(new: float, old: float) -> str:
 
 
 def _describe(record: RoundRecord) -> str:
-    return record.change.describe() if record.change else ("baseline" if record.number == 1 else "-")
+    return record.description or ("baseline" if record.number == 1 else "-")
 
 
 def init_logs(run_dir: Path, manifest: Manifest) -> None:

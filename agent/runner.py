@@ -20,11 +20,12 @@ import yaml
 from rich.console import Console
 
 from agent.analysis import ShapeAnalysis, analyze, describe, measure_ceilings, preferred_directions
+from agent.audit import audit_source, write_scope
 from agent.knowledge import Tip, learned_gains, load_tips, verified_ineffective, write_tips
 from agent.lineage import Lineage
 from agent.manifest import Manifest, load_manifest, write_manifest
 from agent.measure import BenchRequest, MeasureError, run_bench
-from agent.proposers import ProposalContext
+from agent.proposers import ProposalContext, Proposer
 from agent.proposers.search import DIRECTIONS, SearchProposer, tuning_file
 from agent.report import close_round, init_logs, write_report
 from agent.scoring import Decision, decide, measure, stagnated, termination_reason
@@ -62,7 +63,7 @@ def write_shapes(path: Path, shapes: list[Shape]) -> Path:
 class Campaign:
     def __init__(
         self, root: Path, manifest: Manifest, state: CampaignState, measurer: Measurer | None = None,
-        console: Console | None = None,
+        console: Console | None = None, proposer: Proposer | None = None,
     ) -> None:
         self.root = root
         self.manifest = manifest
@@ -71,7 +72,7 @@ class Campaign:
         self.spec = get_spec(manifest.op)
         self.rules = load_rules()
         self.lineage = Lineage(root)
-        self.proposer = SearchProposer()
+        self.proposer = proposer or SearchProposer()
         self.measurer = measurer or (lambda request: run_bench(root, manifest, request, self.state.harness_hash))
         self.console = console or Console()
         self.steps = {
@@ -259,7 +260,7 @@ class Campaign:
 
     def _optimize(self) -> None:
         record = self.state.current
-        self.lineage.restore(self.state.best_commit, self.manifest.files)
+        self.lineage.discard_changes(self.state.best_commit)  # the tree exactly at the best commit
         context = ProposalContext(
             op=self.manifest.op, variant=self.manifest.resolved_variant, root=self.root,
             shape_dims=tuple(dict(s.dims) for s in self.shapes()), direction=record.direction,
@@ -274,13 +275,31 @@ class Campaign:
         self.proposer.apply(proposal, self.root)
         rd = self.round_dir(record.number)
         rd.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(rd / "candidate.diff", self.lineage.diff(self.manifest.files) + "\n")
         record.hypothesis = proposal.hypothesis
+        record.description = proposal.summary
         record.change = proposal.change
         record.expected_gain_pct = proposal.expected_gain_pct
         record.full_validation = record.full_validation or proposal.risk == "high"
         self.say(f"OPTIMIZE: {proposal.hypothesis}")
+        # The whole candidate is kept (out-of-scope edits too), then judged before it is ever run.
+        atomic_write_text(rd / "candidate.diff", self.lineage.diff() + "\n")
+        rejection = self._static_rejection()
+        if rejection:
+            record.status, record.reason = "ROLLBACK", rejection
+            self.lineage.discard_changes(self.state.best_commit)
+            self.state.phase = "DECIDE"
+            return
         self.state.phase = "VALIDATE"
+
+    def _static_rejection(self) -> str | None:
+        """Why a candidate is rejected unseen: a path outside the mutable files, or an audit finding."""
+        changed = self.lineage.dirty_paths()
+        outside = write_scope(changed, self.manifest.files)
+        if outside:
+            return f"write scope: touched {', '.join(outside)} (mutable: {', '.join(self.manifest.files)})"
+        findings = [f for path in changed if path.endswith(".py")
+                    for f in audit_source(path, (self.root / path).read_text())]
+        return f"audit: {'; '.join(map(str, findings))}" if findings else None
 
     def _validate(self) -> None:
         record = self.state.current
@@ -296,6 +315,12 @@ class Campaign:
             summary = self._measure(request, f"round {record.number} ({which} shapes)")
         except MeasureError as exc:
             record.status, record.reason = "ERROR", str(exc)
+            self.state.phase = "DECIDE"
+            return
+        crashes = {label: e for label, e in read_meta(csv).errors.items() if not e.startswith("check:")}
+        if crashes:  # the candidate did not run (it raised), as opposed to running and being wrong
+            label, error = next(iter(crashes.items()))
+            record.status, record.reason = "ERROR", f"raised on {label}: {error}"
             self.state.phase = "DECIDE"
             return
         metric = self.manifest.primary_metric
@@ -318,7 +343,7 @@ class Campaign:
         record = self.state.current
         best_before = self.state.best
         assert best_before is not None
-        if record.status != "ERROR":
+        if record.status == "OPEN":
             verdict = decide(record.measurements, best_before, self.manifest.primary_metric, self.rules,
                              self.manifest.representative_shapes)
             if record.reason.startswith("full validation"):
@@ -328,25 +353,31 @@ class Campaign:
                 self.state.phase = "VALIDATE"
                 return
             record.status = "ACCEPT" if verdict.verdict == "ACCEPT" else "ROLLBACK"
-            record.reason = verdict.reason
+            record.reason = verdict.reason + self._check_details(record)
             record.gain_pct = verdict.gain_pct if math.isfinite(verdict.gain_pct) else None
         if record.status == "ACCEPT":
             self._accept(record)
         else:
-            self.lineage.restore(self.state.best_commit, self.manifest.files)
+            self.lineage.discard_changes(self.state.best_commit)
             self.state.consecutive_rollbacks += 1
         close_round(self.run_dir, self.state, record, self.manifest, best_before)
         self.say(f"DECIDE: [{'green' if record.status == 'ACCEPT' else 'red'}]{record.status}[/] {record.reason}")
         self.state.round += 1
         self.state.phase = "ANALYZE"
 
+    def _check_details(self, record: RoundRecord) -> str:
+        """The harness's own words for why rows FAILed (an input written, a stale re-check...)."""
+        if not record.measurements or record.measurements[-1].all_pass:
+            return ""
+        errors = read_meta(self.run_dir / record.measurements[-1].csv).errors
+        return "".join(f"; {label}: {errors[label]}" for label in record.measurements[-1].failed if label in errors)
+
     def _accept(self, record: RoundRecord) -> None:
-        assert record.change is not None
         subject = f"[optimize] {self.manifest.op} {self.manifest.backend} round-{record.number}:"
         if self.lineage.head_message().startswith(subject):  # committed before a kill: do not commit twice
             record.commit = self.lineage.head()
         else:
-            message = (f"{subject} {record.change.describe()}\n\nHypothesis: {record.hypothesis}\n"
+            message = (f"{subject} {record.description}\n\nHypothesis: {record.hypothesis}\n"
                        f"Result: {record.reason}\n")
             record.commit = self.lineage.commit(self.manifest.files, message)
         metric = self.manifest.primary_metric

@@ -46,6 +46,7 @@ class RoundRecord(BaseModel):
     direction: str = ""
     analysis: str = ""
     hypothesis: str = ""
+    description: str = ""
     change: Change | None = None
     expected_gain_pct: float = 0.0
     full_validation: bool = False

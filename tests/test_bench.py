@@ -170,4 +170,4 @@ def test_grouped_checks_cover_skew_even_on_uniform_shapes():
     shape = Shape(label="u", dims={"B": 4, "M": 32, "N": 40, "K": 24}, group_lens=(32, 32, 32, 32))
     (result,) = run_bench(_cheating(spec, forward=uniform_only), [shape], shapes_source="t", repeats=1,
                           warmup=0).ours
-    assert result.check == "FAIL" and "wrong on split" in result.error or "~zero" in result.error
+    assert (result.check == "FAIL" and "wrong on split" in result.error) or "~zero" in result.error

@@ -15,10 +15,17 @@ from agent.state import Change
 @dataclass(frozen=True)
 class Proposal:
     hypothesis: str
-    change: Change
+    # A tuned-table move (the search proposer's kind of change), or None for any other edit.
+    change: Change | None
     expected_gain_pct: float
+    # One line for the commit subject and the logs (default: the change's description).
+    description: str = ""
     # A high-risk change is validated on every shape, not only the representative ones.
     risk: Literal["low", "high"] = "low"
+
+    @property
+    def summary(self) -> str:
+        return self.description or (self.change.describe() if self.change else "change")
 
 
 @dataclass(frozen=True)
