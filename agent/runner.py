@@ -366,11 +366,18 @@ class Campaign:
         self.state.phase = "ANALYZE"
 
     def _check_details(self, record: RoundRecord) -> str:
-        """The harness's own words for why rows FAILed (an input written, a stale re-check...)."""
+        """Why rows FAILed: the harness's check message (an input written, a stale re-check...) or the SNRs."""
         if not record.measurements or record.measurements[-1].all_pass:
             return ""
-        errors = read_meta(self.run_dir / record.measurements[-1].csv).errors
-        return "".join(f"; {label}: {errors[label]}" for label in record.measurements[-1].failed if label in errors)
+        csv = self.run_dir / record.measurements[-1].csv
+        errors = read_meta(csv).errors
+        summary = read_summary(csv)
+        snrs = summary.frame.set_index("label")[list(summary.schema.snr_columns)]
+        details = []
+        for label in record.measurements[-1].failed:
+            why = errors.get(label) or ", ".join(f"{c.removesuffix('_snr')} {v:.1f} dB" for c, v in snrs.loc[label].items())
+            details.append(f"; {label}: {why}")
+        return "".join(details)
 
     def _accept(self, record: RoundRecord) -> None:
         subject = f"[optimize] {self.manifest.op} {self.manifest.backend} round-{record.number}:"
