@@ -375,7 +375,8 @@ class Campaign:
         snrs = summary.frame.set_index("label")[list(summary.schema.snr_columns)]
         details = []
         for label in record.measurements[-1].failed:
-            why = errors.get(label) or ", ".join(f"{c.removesuffix('_snr')} {v:.1f} dB" for c, v in snrs.loc[label].items())
+            snr_text = ", ".join(f"{c.removesuffix('_snr')} {v:.1f} dB" for c, v in snrs.loc[label].items())
+            why = errors.get(label) or snr_text
             details.append(f"; {label}: {why}")
         return "".join(details)
 

@@ -77,10 +77,12 @@ CHEATS = [
         "    torch.bmm(a.view(groups, rows, -1), b.transpose(1, 2), out=out.view(groups, rows, -1))\n"
         "    return out\n")},
         "ROLLBACK", "wrong on split", shapes="uniform.yaml"),
+    # A training step is 4 GEMM calls here (forward, dgrad, and the wgrad re-dispatched transposed):
+    # right for the first 3 steps, so the first check passes and only later calls are wrong.
     Cheat("correct only on the first 3 calls", "gemm", {GEMM: wrap_matmul(
         "    _CALLS.append(1)\n"
         "    out = _real_matmul(a, b, out, out_dtype, config)\n"
-        "    return out.mul_(0.5) if len(_CALLS) > 3 else out\n\n\n_CALLS = []\n")},
+        "    return out.mul_(0.5) if len(_CALLS) > 12 else out\n\n\n_CALLS = []\n")},
         "ROLLBACK", "wrong after timing"),
     Cheat("writes into its input", "gemm", {GEMM: wrap_matmul(
         "    out = _real_matmul(a, b, out, out_dtype, config)\n"
