@@ -42,6 +42,8 @@ class Manifest(BaseModel):
     proposer: Literal["search"] = "search"
     timing: Literal["auto", "cuda-events", "cuda-graph"] = "auto"
     repeats: int | None = Field(default=None, ge=1)
+    # Also time with fresh input tensors every call; a gain that vanishes there is rejected as overfit.
+    fresh_inputs: bool = True
     # Wall-clock limit for one measurement subprocess (compile + run).
     measure_timeout_s: int = Field(default=1800, ge=10)
 

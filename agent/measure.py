@@ -39,6 +39,8 @@ def bench_command(manifest: Manifest, request: BenchRequest) -> list[str]:
         cmd += ["--timing", manifest.timing]
     if request.compare_baselines:
         cmd.append("--compare-baselines")
+    if manifest.fresh_inputs and manifest.timing != "cuda-graph":
+        cmd.append("--fresh-inputs")
     return cmd
 
 

@@ -200,8 +200,9 @@ class Campaign:
         write_manifest(self.manifest, self.run_dir / "manifest.yaml")
         write_shapes(self.run_dir / "representative.yaml", [s for s in shapes if s.label in reps])
         metric = self.manifest.primary_metric
-        self.state.baseline = measure(summary, metric, self.rel(csv))
-        self.state.best = measure(summary, metric, self.rel(csv), reps)
+        fresh_ms = read_meta(csv).fresh_ms
+        self.state.baseline = measure(summary, metric, self.rel(csv), None, fresh_ms)
+        self.state.best = measure(summary, metric, self.rel(csv), reps, fresh_ms)
         (rd / "candidate.diff").write_text("")  # the baseline changes nothing
         # Round 1 records the representative shapes, like every later round: the trend compares like with like.
         record = RoundRecord(number=1, status="ACCEPT", reason=f"baseline: {len(shapes)} shapes, every one PASS",
@@ -324,7 +325,8 @@ class Campaign:
             self.state.phase = "DECIDE"
             return
         metric = self.manifest.primary_metric
-        record.measurements.append(measure(summary, metric, self.rel(csv), self.manifest.representative_shapes))
+        record.measurements.append(measure(summary, metric, self.rel(csv), self.manifest.representative_shapes,
+                                           read_meta(csv).fresh_ms))
         if record.full_validation:
             record.reason = self._full_validation_problem(summary) or ""
         self.state.phase = "DECIDE"
@@ -348,6 +350,9 @@ class Campaign:
                              self.manifest.representative_shapes)
             if record.reason.startswith("full validation"):
                 verdict = Decision("ROLLBACK", record.reason, verdict.gain_pct)
+            above = self._above_roofline(record) if verdict.verdict == "ACCEPT" else None
+            if above:
+                verdict = Decision("ROLLBACK", above, verdict.gain_pct)
             if verdict.verdict == "REMEASURE":
                 self.say(f"DECIDE: {verdict.reason}: re-measuring")
                 self.state.phase = "VALIDATE"
@@ -364,6 +369,19 @@ class Campaign:
         self.say(f"DECIDE: [{'green' if record.status == 'ACCEPT' else 'red'}]{record.status}[/] {record.reason}")
         self.state.round += 1
         self.state.phase = "ANALYZE"
+
+    def _above_roofline(self, record: RoundRecord) -> str | None:
+        """A forward rate above the GPU's measured roofline for a shape cannot be real."""
+        if not self.state.ceilings:
+            return None
+        summary = read_summary(self.run_dir / record.measurements[-1].csv)
+        forward = summary.metric("forward")
+        analyses = analyze(self.spec, [s for s in self.shapes() if s.label in self.manifest.representative_shapes],
+                           summary, read_meta(self.run_dir / record.measurements[-1].csv).dtype,
+                           self.manifest.resolved_variant, self.state.ceilings)
+        over = [f"{a.label} {forward[a.label]:.0f} > {a.roofline_tflops:.0f} TFLOPS" for a in analyses
+                if forward[a.label] > 1.05 * a.roofline_tflops]
+        return f"above the roofline (a measurement that cannot be real): {', '.join(over)}" if over else None
 
     def _check_details(self, record: RoundRecord) -> str:
         """Why rows FAILed: the harness's check message (an input written, a stale re-check...) or the SNRs."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,8 +26,24 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan
 
 
-def measure(summary: Summary, metric: str, csv: str, labels: Sequence[str] | None = None) -> Measurement:
-    """Score a summary CSV on the given shapes (all when None)."""
+def fresh_metric(summary: Summary, metric: str, fresh_ms: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """The primary metric per shape recomputed with fresh-input times: the same work over other times."""
+    f = summary.frame.set_index("label")
+    s = summary.schema
+    out = {}
+    for label, (fwd_ms, bwd_ms) in fresh_ms.items():
+        work_f = f.at[label, s.fwd_metric] * f.at[label, s.fwd_ms]
+        work_b = f.at[label, s.bwd_metric] * f.at[label, s.bwd_ms]
+        out[label] = {"forward": work_f / fwd_ms, "backward": work_b / bwd_ms,
+                      "step": (work_f + work_b) / (fwd_ms + bwd_ms)}[metric]
+    return out
+
+
+def measure(
+    summary: Summary, metric: str, csv: str, labels: Sequence[str] | None = None,
+    fresh_ms: Mapping[str, tuple[float, float]] | None = None,
+) -> Measurement:
+    """Score a summary CSV on the given shapes (all when None), with its fresh-input timings if given."""
     labels = list(labels) if labels else summary.labels
     missing = [label for label in labels if label not in summary.labels]
     if missing:
@@ -35,7 +51,10 @@ def measure(summary: Summary, metric: str, csv: str, labels: Sequence[str] | Non
     checks = summary.checks()
     passing = [label for label in labels if checks[label] == PASS]
     primary = summary.metric(metric)
+    fresh = fresh_metric(summary, metric, fresh_ms or {})
+    fresh_passing = [fresh[label] for label in passing if label in fresh]
     return Measurement(
+        fresh_geomean=geomean(fresh_passing) if fresh_passing and len(fresh_passing) == len(passing) else None,
         csv=csv,
         all_pass=len(passing) == len(labels),
         geomeans={m: geomean(summary.metric(m)[passing]) for m in METRICS},
@@ -56,13 +75,42 @@ def decide(
 ) -> Decision:
     """ACCEPT, ROLLBACK or REMEASURE a candidate measured `len(candidate)` times against the best.
 
-    Any FAIL rejects. The aggregate gain (median over the measurements) must beat the best and no
-    shape may regress past the per-shape limit; a gain inside the noise floor is re-measured up to
-    the rules' count and then accepted only if every measurement beat the best.
+    Any FAIL rejects. A shape more than `implausible_speedup` times the best is re-measured (a new
+    process) and rejected unless reproduced. The aggregate gain (median over the measurements) must
+    beat the best and no shape may regress past the per-shape limit; a gain inside the noise floor
+    is re-measured up to the rules' count and then accepted only if every measurement beat the best.
+    An accepted gain must survive fresh input tensors (`fresh_gain_fraction` of it), or it is overfit.
     """
     last = candidate[-1]
     if not last.all_pass:
         return Decision("ROLLBACK", f"FAIL on {', '.join(last.failed)}", math.nan)
+    wild = {label: last.per_shape[label] / best.per_shape[label] for label in shapes
+            if last.per_shape[label] > rules.implausible_speedup * best.per_shape[label]}
+    if wild:
+        shown = ", ".join(f"{label} {r:.1f}x" for label, r in wild.items())
+        if len(candidate) == 1:
+            return Decision("REMEASURE", f"implausible ({shown} the best): re-measuring in isolation", math.nan)
+        first = candidate[0]
+        if any(abs(last.per_shape[label] / first.per_shape[label] - 1) * 100 > 2 * rules.noise_floor_pct
+               for label in wild):
+            return Decision("ROLLBACK", f"implausible and not reproducible: {shown}", math.nan)
+    verdict = _decide_gain(candidate, best, metric, rules, shapes)
+    if verdict.verdict != "ACCEPT" or best.fresh_geomean is None:
+        return verdict
+    fresh = [m.fresh_geomean / best.fresh_geomean - 1.0 for m in candidate if m.fresh_geomean is not None]
+    if not fresh:
+        return verdict
+    fresh_pct = 100.0 * statistics.median(fresh)
+    if fresh_pct < rules.fresh_gain_fraction * verdict.gain_pct:
+        return Decision("ROLLBACK", f"overfit: {verdict.gain_pct:+.2f}% with reused tensors, {fresh_pct:+.2f}% with "
+                        "fresh ones", verdict.gain_pct)
+    return Decision("ACCEPT", f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)", verdict.gain_pct)
+
+
+def _decide_gain(
+    candidate: Sequence[Measurement], best: Measurement, metric: str, rules: IterationRules, shapes: Sequence[str]
+) -> Decision:
+    """The aggregate-gain and per-shape-regression part of `decide`."""
     gains = [m.geomeans[metric] / best.geomeans[metric] - 1.0 for m in candidate]
     gain = statistics.median(gains)
     gain_pct = 100.0 * gain

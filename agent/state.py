@@ -39,6 +39,8 @@ class Measurement(BaseModel):
     geomeans: dict[str, float]  # forward, backward, step
     per_shape: dict[str, float]  # label -> primary metric
     failed: list[str] = []
+    # Primary-metric geomean timed with fresh input tensors every call (None if not measured).
+    fresh_geomean: float | None = None
 
 
 class RoundRecord(BaseModel):

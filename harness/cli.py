@@ -100,6 +100,7 @@ SHAPES_HELP = "A preset of the op (see `turbo-opt ops`) or a .yaml shape file."
 CSV_HELP = "Write the frozen-schema summary CSV (and its .meta.json sidecar) here."
 BASELINES_HELP = "Also check and time the op's baselines, with ratio columns."
 DTYPE_HELP = "Input dtype; auto = bf16 on a GPU, fp16 under the CPU interpreter."
+FRESH_HELP = "Also time with new input tensors every call (sidecar fresh_ms): a gain must survive it."
 VARIANT_HELP = "The op's variant, e.g. e4m3-rowwise for grouped_gemm_fp8 (see `turbo-opt ops`)."
 
 
@@ -115,13 +116,14 @@ def bench(
     variant: Annotated[str | None, typer.Option(help=VARIANT_HELP)] = None,
     timing: Annotated[str | None, typer.Option(help=f"One of {', '.join(TIMING_MODES)} (default by device).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
+    fresh_inputs: Annotated[bool, typer.Option(help=FRESH_HELP)] = False,
 ) -> None:
     """Check every shape against the float64 reference by SNR and time forward and backward."""
     spec = get_spec(op)
     plan = prepare_bench(
         spec, load_shapes(spec.shape_family, shapes), shapes_source=shapes, dtype=dtype, variant=variant,
         timing_mode=timing,
-        repeats=repeats, warmup=warmup, seed=seed, compare_baselines=compare_baselines,
+        repeats=repeats, warmup=warmup, seed=seed, compare_baselines=compare_baselines, fresh_inputs=fresh_inputs,
     )
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

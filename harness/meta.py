@@ -45,8 +45,10 @@ class BenchMeta(BaseModel):
     git_dirty: bool | None
     harness_hash: str
     created_utc: str
-    # label -> the exception that made the row FAIL
+    # label -> why the row FAILs: a check's message ("check: ...") or the exception it raised
     errors: dict[str, str] = {}
+    # label -> (forward ms, backward ms) timed with fresh input tensors every call (--fresh-inputs)
+    fresh_ms: dict[str, tuple[float, float]] = {}
     # baseline name -> its summary CSV (same schema and labels), when baselines were run
     baseline_csvs: dict[str, str] = {}
 

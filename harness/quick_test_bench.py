@@ -9,6 +9,7 @@ row with NaN metrics, and the run goes on.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import zlib
@@ -41,6 +42,9 @@ class ShapeResult:
     bwd: Timing
     flops: tuple[float, float]
     error: str | None = None
+    # Timings with fresh input tensors on every call (NAN_TIMING when not measured).
+    fresh_fwd: Timing = NAN_TIMING
+    fresh_bwd: Timing = NAN_TIMING
 
     def row(self, schema: CsvSchema) -> dict[str, object]:
         def rate(work: float, t: Timing) -> float:
@@ -79,6 +83,7 @@ class BenchRun:
     shapes_source: str
     seed: int
     timer: Timer
+    fresh_inputs: bool = False
     # runner name -> one result per shape, in shape order; ours first
     results: dict[str, list[ShapeResult]] = field(default_factory=dict)
 
@@ -166,9 +171,26 @@ def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors) -> None:
             tensor.copy_(fresh[name])
 
 
+FRESH_INPUT_SETS = 3
+
+
+def _time_fresh(spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, outputs: Tensors,
+                timer: Timer) -> tuple[Timing, Timing]:
+    """Time with a different set of input tensors on every call (rotating through FRESH_INPUT_SETS):
+    what a training step sees, and what defeats results kept from the previous call."""
+    sets = [inputs] + [spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + 1 + i))
+                       for i in range(FRESH_INPUT_SETS - 1)]
+    fwd_calls = itertools.cycle([(lambda s=s: runner.forward(problem, s, outputs)) for s in sets])
+    fwd = timer.time(lambda: next(fwd_calls)())
+    if not runner.backward:
+        return fwd, NAN_TIMING
+    bwd_calls = itertools.cycle([(lambda s=s: runner.backward(problem, s, outputs)) for s in sets])
+    return fwd, timer.time(lambda: next(bwd_calls)())
+
+
 def run_runner(
     spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
-    dims: dict[str, int], timer: Timer, extra_checks: list[Problem] = (),
+    dims: dict[str, int], timer: Timer, extra_checks: list[Problem] = (), fresh_inputs: bool = False,
 ) -> ShapeResult:
     """Check one runner on one shape, time fwd and bwd, then check again.
 
@@ -195,6 +217,8 @@ def run_runner(
                 raise CheckFailed(f"wrong on split {list(extra.group_lens)}: {', '.join(wrong)}")
         fwd = timer.time(lambda: runner.forward(problem, inputs, outputs))
         bwd = timer.time(lambda: backward(problem, inputs, outputs)) if backward else NAN_TIMING
+        fresh_fwd, fresh_bwd = (_time_fresh(spec, runner, problem, inputs, outputs, timer) if fresh_inputs
+                                else (NAN_TIMING, NAN_TIMING))
         if not failing:
             _refill_in_place(spec, problem, inputs)
             recheck = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), outputs, checked),
@@ -205,7 +229,8 @@ def run_runner(
         return _failed(shape, dims, f"check: {exc}", flops)
     except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
         return _failed(shape, dims, _describe(exc), flops)
-    return ShapeResult(shape, dims, PASS if not failing else FAIL, snrs, fwd, bwd, flops)
+    return ShapeResult(shape, dims, PASS if not failing else FAIL, snrs, fwd, bwd, flops,
+                       fresh_fwd=fresh_fwd, fresh_bwd=fresh_bwd)
 
 
 def skew_checks(problem: Problem) -> list[Problem]:
@@ -224,7 +249,7 @@ def skew_checks(problem: Problem) -> list[Problem]:
 
 def run_shape(
     spec: OpSpec, runners: Sequence[Runner], shape: Shape, dims: dict[str, int], dtype: torch.dtype,
-    device: torch.device, seed: int, timer: Timer, variant: str = "default",
+    device: torch.device, seed: int, timer: Timer, variant: str = "default", fresh_inputs: bool = False,
 ) -> dict[str, ShapeResult]:
     """Every runner on one shape, all on the same inputs and reference."""
     problem = Problem(dims=dims, dtype=dtype, device=device, seed=shape_seed(seed, shape.label),
@@ -238,7 +263,8 @@ def run_shape(
     # Extra splits are checked for our kernel only: baselines are the vendor's, trusted.
     extra = skew_checks(problem)
     results = {r.name: run_runner(spec, r, problem, inputs, ref, shape, dims, timer,
-                                  extra if r is spec.runner else []) for r in runners}
+                                  extra if r is spec.runner else [], fresh_inputs and r is spec.runner)
+               for r in runners}
     del inputs, ref
     return results
 
@@ -255,6 +281,7 @@ def prepare_bench(
     warmup: int | None = None,
     seed: int = 0,
     compare_baselines: bool = False,
+    fresh_inputs: bool = False,
 ) -> BenchRun:
     """Validate everything about a benchmark (raising UserError) before any work starts."""
     schema = get_schema(spec.schema)
@@ -271,8 +298,10 @@ def prepare_bench(
         raise UserError(str(exc)) from None
     dims = {s.label: schema.resolve_dims(s.dims, f"shape '{s.label}'") for s in shapes}
     baselines = [b for b in spec.baselines if b.supports(variant)] if compare_baselines else []
+    if fresh_inputs and timer.mode == "cuda-graph":
+        raise UserError("fresh-input timing rotates input tensors: it needs cuda-events or wall-clock timing")
     return BenchRun(spec, schema, list(shapes), dims, [spec.runner, *baselines], torch_dtype, variant,
-                    shapes_source, seed, timer)
+                    shapes_source, seed, timer, fresh_inputs)
 
 
 def execute_bench(run: BenchRun, on_shape: Callable[[Shape], None] | None = None) -> BenchRun:
@@ -280,7 +309,7 @@ def execute_bench(run: BenchRun, on_shape: Callable[[Shape], None] | None = None
     run.results = {r.name: [] for r in run.runners}
     for shape in run.shapes:
         results = run_shape(run.spec, run.runners, shape, run.dims[shape.label], run.dtype,
-                            run.timer.device, run.seed, run.timer, run.variant)
+                            run.timer.device, run.seed, run.timer, run.variant, run.fresh_inputs)
         for name, result in results.items():
             run.results[name].append(result)
         if on_shape:
@@ -316,6 +345,8 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
             variant=run.variant,
             shapes=run.shapes_source, seed=run.seed, timing=timing,
             errors={r.shape.label: r.error for r in results if r.error},
+            fresh_ms={r.shape.label: (r.fresh_fwd.median_ms, r.fresh_bwd.median_ms) for r in results
+                      if math.isfinite(r.fresh_fwd.median_ms)},
             baseline_csvs={n: p.name for n, p in csv_paths.items() if name == run.spec.runner.name and p != path},
             **env,
         )
