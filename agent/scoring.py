@@ -84,13 +84,13 @@ def decide(
     last = candidate[-1]
     if not last.all_pass:
         return Decision("ROLLBACK", f"FAIL on {', '.join(last.failed)}", math.nan)
-    wild = {label: last.per_shape[label] / best.per_shape[label] for label in shapes
-            if last.per_shape[label] > rules.implausible_speedup * best.per_shape[label]}
+    first = candidate[0]
+    wild = {label: first.per_shape[label] / best.per_shape[label] for label in shapes
+            if first.per_shape[label] > rules.implausible_speedup * best.per_shape[label]}
     if wild:
         shown = ", ".join(f"{label} {r:.1f}x" for label, r in wild.items())
         if len(candidate) == 1:
             return Decision("REMEASURE", f"implausible ({shown} the best): re-measuring in isolation", math.nan)
-        first = candidate[0]
         if any(abs(last.per_shape[label] / first.per_shape[label] - 1) * 100 > 2 * rules.noise_floor_pct
                for label in wild):
             return Decision("ROLLBACK", f"implausible and not reproducible: {shown}", math.nan)

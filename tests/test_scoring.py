@@ -94,3 +94,23 @@ def test_termination(overrides, expected):
 def test_geomean_ignores_non_positive_and_nan():
     assert geomean([4.0, 1.0, math.nan, 0.0]) == pytest.approx(2.0)
     assert math.isnan(geomean([]))
+
+
+def test_a_gain_that_vanishes_with_fresh_tensors_is_overfit(tmp_path):
+    best = measurement(tmp_path, "best").model_copy(update={"fresh_geomean": 100.0})
+    cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 1.10))
+    overfit = decide([cand.model_copy(update={"fresh_geomean": 101.0})], best, "step", RULES, LABELS)
+    assert overfit.verdict == "ROLLBACK" and overfit.reason.startswith("overfit: +10.00% with reused tensors")
+    honest = decide([cand.model_copy(update={"fresh_geomean": 109.0})], best, "step", RULES, LABELS)
+    assert honest.verdict == "ACCEPT" and "+9.00% with fresh tensors" in honest.reason
+
+
+def test_an_implausible_speedup_is_remeasured_and_rejected_unless_reproduced(tmp_path):
+    best = measurement(tmp_path, "best")
+    wild = measurement(tmp_path, "wild", scale={"large": 3.0})
+    first = decide([wild], best, "step", RULES, LABELS)
+    assert first.verdict == "REMEASURE" and "implausible (large 3.0x the best)" in first.reason
+    gone = measurement(tmp_path, "gone", scale={"large": 1.0})
+    assert decide([wild, gone], best, "step", RULES, LABELS).reason.startswith("implausible and not reproducible")
+    again = measurement(tmp_path, "again", scale={"large": 3.0})
+    assert decide([wild, again], best, "step", RULES, LABELS).verdict == "ACCEPT"
