@@ -5,7 +5,7 @@ campaign of one round whose proposer applies that candidate, and the real VALIDA
 benchmark with every check) and DECIDE. On a GPU this is the end-to-end proof that a cheat is
 rejected and an honest change is accepted.
 
-    python scripts/adversarial_rounds.py --shapes llama3-8b "id-keyed output cache" honest
+    PYTHONPATH=. python scripts/adversarial_rounds.py --shapes llama3-8b "id-keyed output cache" honest
 """
 
 from __future__ import annotations
