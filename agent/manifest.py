@@ -44,8 +44,10 @@ class Manifest(BaseModel):
     repeats: int | None = Field(default=None, ge=1)
     # Also time with fresh input tensors every call; a gain that vanishes there is rejected as overfit.
     fresh_inputs: bool = True
-    # Wall-clock limit for one measurement subprocess (compile + run).
-    measure_timeout_s: int = Field(default=1800, ge=10)
+    # Limits of one measurement subprocess: its first shape (import, compile, check, time) must be
+    # done within compile_timeout_s, the whole within compile_timeout_s + run_timeout_s.
+    compile_timeout_s: int = Field(default=900, ge=5)
+    run_timeout_s: int = Field(default=1800, ge=5)
 
     @model_validator(mode="after")
     def _check_against_the_op(self) -> Manifest:

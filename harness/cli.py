@@ -20,7 +20,7 @@ from harness.quick_test_bench import BenchRun, execute_bench, prepare_bench, wri
 from harness.registry import get_spec
 from harness.rules import load_rules
 from harness.schema import PASS, read_summary
-from harness.shapes import load_shapes
+from harness.shapes import Shape, load_shapes
 from harness.timing import INTERPRETER_NOTE, TIMING_MODES
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -117,6 +117,7 @@ def bench(
     timing: Annotated[str | None, typer.Option(help=f"One of {', '.join(TIMING_MODES)} (default by device).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
     fresh_inputs: Annotated[bool, typer.Option(help=FRESH_HELP)] = False,
+    progress_file: Annotated[Path | None, typer.Option(help="Append each finished shape's label here.")] = None,
 ) -> None:
     """Check every shape against the float64 reference by SNR and time forward and backward."""
     spec = get_spec(op)
@@ -130,7 +131,13 @@ def bench(
         console=err_console, transient=True,
     ) as progress:
         task = progress.add_task(f"bench {op}", total=len(plan.shapes))
-        run = execute_bench(plan, on_shape=lambda shape: progress.advance(task))
+        def on_shape(shape: Shape) -> None:
+            progress.advance(task)
+            if progress_file is not None:  # a campaign's measurement watches this to tell compiling from hung
+                with progress_file.open("a") as f:
+                    f.write(shape.label + "\n")
+
+        run = execute_bench(plan, on_shape=on_shape)
     console.print(render_bench(run))
     if run.timer.mode == "interpreter-wallclock":
         console.print(f"[yellow]note:[/yellow] {INTERPRETER_NOTE}")

@@ -102,7 +102,7 @@ HONEST = Cheat("honest: bigger tiles for small GEMMs", "gemm", {"kernels/gemm/tu
 
 HANG = Cheat("sleeps past its time limit", "gemm", {GEMM: wrap_matmul(
     "    import time\n    time.sleep(3600)\n    return _real_matmul(a, b, out, out_dtype, config)\n")},
-    "ERROR", "exceeded")
+    "ERROR", "limit")
 CRASH = Cheat("raises inside the kernel", "gemm", {GEMM: wrap_matmul(
     "    raise RuntimeError('illegal memory access (simulated)')\n")},
     "ERROR", "illegal memory access")
