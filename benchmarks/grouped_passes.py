@@ -24,6 +24,7 @@ from harness.shapes import load_shapes
 from harness.timing import Timer
 from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_cols_t, quantize_rows
 from kernels.common.opspec import Problem
+from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
 from kernels.grouped_gemm.kernel import Scales, grouped_mm
 from kernels.grouped_gemm.spec import make_inputs
@@ -95,7 +96,6 @@ SWEEP_CONFIGS = (
 
 def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Granularity, timer: Timer) -> list[dict]:
     """The FP8 forward GEMM alone (operands quantized once) under each tile config of SWEEP_CONFIGS."""
-    from kernels.grouped_gemm.kernel import GroupedConfig
 
     a, b, lens = inputs["a"], inputs["b"], inputs["group_lens"]
     M, K = a.shape
@@ -108,7 +108,7 @@ def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Gran
     out = a.new_empty(M, N)
     rows = []
     for bm, bn, warps, stages in SWEEP_CONFIGS:
-        cfg = GroupedConfig(bm, bn, 128, 8, warps, stages)
+        cfg = TileConfig(bm, bn, 128, 8, warps, stages)
         try:
             t = timer.time(lambda c=cfg: grouped_mm(a_q, w.data, offs, out, c, scales)).median_ms
         except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped

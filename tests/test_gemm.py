@@ -3,8 +3,9 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.device import default_device
+from kernels.common.tiles import TileConfig, config_from_table
 from kernels.gemm import gemm, gemm_backward, gemm_forward
-from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, GemmConfig, config_for, shape_bucket
+from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, config_for, shape_bucket
 
 # (M, N, K): none divisible by the blocks, a long K, a single row.
 SHAPES = [(97, 75, 61), (64, 48, 300), (1, 33, 17), (130, 70, 64)]
@@ -97,12 +98,12 @@ def test_bad_out_dtype_raises():
 
 def test_tuned_table_lies_in_the_tunable_space():
     for bucket, cfg in TUNED_TABLE.items():
-        GemmConfig(**cfg)  # raises if a knob is outside the space
+        config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket)  # raises if a knob is outside the space
         assert set(cfg) == set(TUNABLE_SPACE), bucket
     assert shape_bucket(64, 64, 64) == "small" and shape_bucket(8192, 8192, 8192) == "large"
     with pytest.raises(ValueError, match="outside the tunable space"):
-        GemmConfig(BLOCK_M=48, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3)
-    assert isinstance(config_for(100, 100, 100), GemmConfig)
+        config_from_table({"odd": TUNED_TABLE["small"] | {"BLOCK_M": 48}}, TUNABLE_SPACE, "odd")
+    assert isinstance(config_for(100, 100, 100), TileConfig)
 
 
 @pytest.mark.gpu

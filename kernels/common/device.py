@@ -23,11 +23,6 @@ def default_device() -> torch.device:
 SHARED_MEMORY_BYTES = 232448
 
 
-def pipelined_tile_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, element_size: int) -> int:
-    """Shared memory of a software-pipelined GEMM mainloop: an A and a B tile per stage."""
-    return (block_m + block_n) * block_k * element_size * num_stages
-
-
 def check_same_device(**tensors: torch.Tensor) -> torch.device:
     """Raise a ValueError naming the tensors if they are not all on one device."""
     devices = {name: t.device for name, t in tensors.items()}

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import check_same_device
-from kernels.gemm.tuning import GemmConfig, config_for
+from kernels.common.tiles import TileConfig, grouped_tile
+from kernels.gemm.tuning import config_for
 
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -30,15 +31,7 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped-M order: GROUP_M row bands walk the N tiles together, so their A and B tiles share L2.
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # Tile bases in int64: row * stride can pass 2**31 elements on large operands.
     row0 = (pid_m * BLOCK_M).to(tl.int64)
@@ -69,7 +62,7 @@ def matmul(
     b: torch.Tensor,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    config: GemmConfig | None = None,
+    config: TileConfig | None = None,
 ) -> torch.Tensor:
     """`out = a @ b` for a [M, K] and b [K, N] of any strides; writes into `out` (any strides) if given."""
     if a.ndim != 2 or b.ndim != 2:

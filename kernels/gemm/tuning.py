@@ -7,9 +7,8 @@ The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, on
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from kernels.common.device import SHARED_MEMORY_BYTES, pipelined_tile_bytes
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (32, 64, 128, 256),
@@ -30,22 +29,6 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 BUCKET_LIMITS: dict[str, int] = {"small": 512 * 512, "medium": 2048 * 2048}
 
 
-@dataclass(frozen=True)
-class GemmConfig:
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_K: int
-    GROUP_M: int
-    num_warps: int
-    num_stages: int
-
-    def __post_init__(self) -> None:
-        for knob, allowed in TUNABLE_SPACE.items():
-            value = getattr(self, knob)
-            if value not in allowed:
-                raise ValueError(f"gemm config: {knob}={value} is outside the tunable space {allowed}")
-
-
 def shape_bucket(M: int, N: int, K: int) -> str:
     """The tuned-table bucket of an (M, N, K) problem, by output-tile area."""
     area = M * N
@@ -55,8 +38,8 @@ def shape_bucket(M: int, N: int, K: int) -> str:
     return "large"
 
 
-def config_for(M: int, N: int, K: int) -> GemmConfig:
-    return GemmConfig(**TUNED_TABLE[shape_bucket(M, N, K)])
+def config_for(M: int, N: int, K: int) -> TileConfig:
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, shape_bucket(M, N, K))
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
@@ -66,7 +49,5 @@ def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether a config's pipelined tiles fit in shared memory (bf16/fp16 operands: 2 bytes); the search skips the rest."""
-    return pipelined_tile_bytes(
-        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"], 2
-    ) <= SHARED_MEMORY_BYTES
+    """Whether a config fits in shared memory (bf16/fp16 operands); the search skips the rest."""
+    return fits_shared_memory(cfg, element_size=2)

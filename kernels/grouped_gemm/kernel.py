@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import interpreter_mode
+from kernels.common.tiles import TileConfig, grouped_tile
 
 SCALE_NONE, SCALE_EPILOGUE, SCALE_PER_K_BLOCK = 0, 1, 2
 
@@ -63,12 +64,7 @@ def _grouped_mm_kernel(
         tiles_g = num_m * num_n
         while tile < tiles_before + tiles_g:
             local = tile - tiles_before
-            # Grouped-M order inside the group: GROUP_M row bands walk the N tiles together (L2 reuse).
-            band = GROUP_M * num_n
-            first_m = (local // band) * GROUP_M
-            band_m = min(num_m - first_m, GROUP_M)
-            pid_m = first_m + (local % band) % band_m
-            pid_n = (local % band) // band_m
+            pid_m, pid_n = grouped_tile(local, num_m, num_n, GROUP_M)
 
             rows = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -120,15 +116,8 @@ def _grouped_mm_vark_kernel(
     (aligned, unmasked loads; the j-th block of a group is block offs[g] // 128 + j). Grid: (tiles
     of one [P, Q] output, groups); an empty group's tiles store zeros.
     """
-    pid = tl.program_id(0)
     g = tl.program_id(1)
-    num_p = tl.cdiv(P, BLOCK_P)
-    num_q = tl.cdiv(Q, BLOCK_Q)
-    band = GROUP_P * num_q
-    first_p = (pid // band) * GROUP_P
-    band_p = min(num_p - first_p, GROUP_P)
-    pid_p = first_p + (pid % band) % band_p
-    pid_q = (pid % band) // band_p
+    pid_p, pid_q = grouped_tile(tl.program_id(0), tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP_P)
 
     start = tl.load(offs_ptr + g)
     end = tl.load(offs_ptr + g + 1)
@@ -169,16 +158,6 @@ def _grouped_mm_vark_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=p_mask[:, None] & q_mask[None, :])
 
 
-@dataclass(frozen=True)
-class GroupedConfig:
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_K: int
-    GROUP_M: int
-    num_warps: int
-    num_stages: int
-
-
 def _num_programs(device: torch.device, max_tiles: int) -> int:
     if interpreter_mode() or device.type != "cuda":
         return max(1, min(max_tiles, 4))
@@ -186,7 +165,7 @@ def _num_programs(device: torch.device, max_tiles: int) -> int:
 
 
 def grouped_mm(
-    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: GroupedConfig,
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
     scales: Scales | None = None,
 ) -> torch.Tensor:
     """out[rows_g] = a[rows_g] @ b[g]^T: a [M, K] with contiguous rows, b [G, N, K] any strides."""
@@ -224,7 +203,7 @@ class VarKScales:
 
 
 def grouped_mm_vark(
-    x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: GroupedConfig,
+    x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
     scales: VarKScales | None = None, padded: bool = False,
 ) -> torch.Tensor:
     """out[g] = x[:, cols_g] @ y[:, cols_g]^T: x [P, M], y [Q, M] (any strides), out [G, P, Q].

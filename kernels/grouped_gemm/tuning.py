@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kernels.common.device import SHARED_MEMORY_BYTES, pipelined_tile_bytes
-from kernels.grouped_gemm.kernel import GroupedConfig
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -39,17 +38,8 @@ def bucket(pass_name: str, total_tokens: int, groups: int) -> str:
     return f"{pass_name}/{size}"
 
 
-def validated(table: dict[str, dict[str, int]], space: dict[str, tuple[int, ...]], key: str) -> GroupedConfig:
-    """The table's config for `key`, refused if a knob lies outside the tunable space."""
-    cfg = table[key]
-    for knob, allowed in space.items():
-        if cfg.get(knob) not in allowed:
-            raise ValueError(f"tuned table {key}: {knob}={cfg.get(knob)} is outside the tunable space {allowed}")
-    return GroupedConfig(**cfg)
-
-
-def config_for(pass_name: str, total_tokens: int, groups: int) -> GroupedConfig:
-    return validated(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))
+def config_for(pass_name: str, total_tokens: int, groups: int) -> TileConfig:
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
@@ -58,7 +48,5 @@ def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether a config's pipelined tiles fit in shared memory (bf16/fp16 operands: 2 bytes); the search skips the rest."""
-    return pipelined_tile_bytes(
-        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"], 2
-    ) <= SHARED_MEMORY_BYTES
+    """Whether a config fits in shared memory (bf16/fp16 operands); the search skips the rest."""
+    return fits_shared_memory(cfg, element_size=2)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kernels.common.device import SHARED_MEMORY_BYTES, pipelined_tile_bytes
 from kernels.common.fp8 import Granularity
-from kernels.grouped_gemm.kernel import GroupedConfig
-from kernels.grouped_gemm.tuning import PASSES, bucket, validated
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+from kernels.grouped_gemm.tuning import PASSES, bucket
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -46,8 +45,8 @@ def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularit
     return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
 
 
-def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> GroupedConfig:
-    return validated(TUNED_TABLE, TUNABLE_SPACE, _key(pass_name, total_tokens, groups, granularity))
+def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> TileConfig:
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, _key(pass_name, total_tokens, groups, granularity))
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:
@@ -57,7 +56,5 @@ def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[s
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether a config's pipelined tiles fit in shared memory (fp8 operands: 1 byte); the search skips the rest."""
-    return pipelined_tile_bytes(
-        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"], 1
-    ) <= SHARED_MEMORY_BYTES
+    """Whether a config fits in shared memory (fp8 operands: 1 byte); the search skips the rest."""
+    return fits_shared_memory(cfg, element_size=1)

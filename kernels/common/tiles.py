@@ -1,0 +1,50 @@
+"""Tiled-GEMM pieces every GEMM family shares: the launch config of a tuned-table bucket, its
+validation against the declared tunable space, its shared-memory footprint, and the grouped-M
+tile order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import triton
+import triton.language as tl
+
+from kernels.common.device import SHARED_MEMORY_BYTES
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int
+    num_warps: int
+    num_stages: int
+
+
+def config_from_table(
+    table: Mapping[str, Mapping[str, int]], space: Mapping[str, tuple[int, ...]], bucket: str
+) -> TileConfig:
+    """The table's config for `bucket`, refused if a knob is missing or outside the tunable space."""
+    cfg = table[bucket]
+    for knob in (f.name for f in fields(TileConfig)):
+        if cfg.get(knob) not in space[knob]:
+            raise ValueError(f"tuned table {bucket}: {knob}={cfg.get(knob)} is outside the tunable space {space[knob]}")
+    return TileConfig(**{f.name: cfg[f.name] for f in fields(TileConfig)})
+
+
+def fits_shared_memory(cfg: Mapping[str, int], element_size: int) -> bool:
+    """Whether a software-pipelined mainloop (an A and a B tile per stage) fits a Hopper SM's shared memory."""
+    tile = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * element_size
+    return tile * cfg["num_stages"] <= SHARED_MEMORY_BYTES
+
+
+@triton.jit
+def grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(row, column) of the `tile`-th output tile in grouped-M order: GROUP_M row bands walk the
+    column tiles together, so the A and B tiles they read stay in L2."""
+    band = GROUP_M * num_n
+    first_m = (tile // band) * GROUP_M
+    band_m = min(num_m - first_m, GROUP_M)
+    return first_m + (tile % band) % band_m, (tile % band) // band_m
