@@ -414,7 +414,7 @@ class Campaign:
         self.state.consecutive_rollbacks = 0
 
     def _report(self) -> None:
-        self.lineage.restore(self.state.best_commit, self.manifest.files)
+        self.lineage.discard_changes(self.state.best_commit)
         final_dir = self.run_dir / "final"
         csv = final_dir / "benchmark.csv"
         summary = self._measure(BenchRequest(self.run_dir / "shapes.yaml", csv, final_dir / "bench.log"),

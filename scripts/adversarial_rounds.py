@@ -23,17 +23,17 @@ from agent.manifest import parse_manifest
 from agent.runner import Campaign
 from harness.files import REPO_ROOT
 from harness.shapes import load_shapes
-from tests.adversarial.cheats import CHEATS, Cheat, replace
+from tests.adversarial.cheats import CHEATS, Candidate, replace
 from tests.adversarial.test_adversarial import ScriptedProposer
 
 # A known-worse starting point for the honest candidate, so that its gain is real on any GPU:
 # 64-wide output tiles for large dense GEMMs, which the honest patch restores to 256.
 DETUNE = replace('"large": {"BLOCK_M": 128, "BLOCK_N": 256', '"large": {"BLOCK_M": 128, "BLOCK_N": 64')
-HONEST = Cheat("honest: 256-wide tiles for large GEMMs", "gemm", {"kernels/gemm/tuning.py": replace(
+HONEST = Candidate("honest: 256-wide tiles for large GEMMs", "gemm", {"kernels/gemm/tuning.py": replace(
     '"large": {"BLOCK_M": 128, "BLOCK_N": 64', '"large": {"BLOCK_M": 128, "BLOCK_N": 256')}, "ACCEPT", "")
 
 
-def run(candidate: Cheat, shapes: str, work: Path, console: Console) -> None:
+def run(candidate: Candidate, shapes: str, work: Path, console: Console) -> None:
     clone = work / candidate.name.replace(" ", "-").replace(":", "")
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
     repo = git.Repo(clone)

@@ -15,7 +15,7 @@ from agent.manifest import parse_manifest
 from agent.proposers import Proposal, ProposalContext
 from agent.runner import Campaign
 from harness.files import REPO_ROOT
-from tests.adversarial.cheats import CHEATS, CRASH, HANG, HONEST, Cheat
+from tests.adversarial.cheats import CHEATS, CRASH, HANG, HONEST, Candidate
 
 UNIFORM = [{"label": f"u{i}", "B": 4, "M": 32, "N": 40 + 8 * i, "K": 24, "group_lens": [32] * 4} for i in range(3)]
 
@@ -23,7 +23,7 @@ UNIFORM = [{"label": f"u{i}", "B": 4, "M": 32, "N": 40 + 8 * i, "K": 24, "group_
 class ScriptedProposer:
     """Proposes the given patches, one per round, then nothing."""
 
-    def __init__(self, patches: list[Cheat]) -> None:
+    def __init__(self, patches: list[Candidate]) -> None:
         self.patches = list(patches)
 
     def propose(self, context: ProposalContext) -> Proposal | None:
@@ -41,7 +41,7 @@ def origin(tmp_path_factory) -> Path:
     return REPO_ROOT
 
 
-def run_round(tmp_path: Path, patches: list[Cheat], **manifest_fields) -> Campaign:
+def run_round(tmp_path: Path, patches: list[Candidate], **manifest_fields) -> Campaign:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
     (clone / "uniform.yaml").write_text(yaml.safe_dump(UNIFORM))
