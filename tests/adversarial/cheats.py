@@ -96,8 +96,10 @@ CHEATS = [
         "ROLLBACK", "FAIL on"),
 ]
 
-HONEST = Candidate("honest: bigger tiles for small GEMMs", "gemm", {"kernels/gemm/tuning.py": replace(
-    '"small": {"BLOCK_M": 64, "BLOCK_N": 64', '"small": {"BLOCK_M": 128, "BLOCK_N": 64')},
+# Twice the K per iteration for small GEMMs: half the mainloop trips on every smoke shape (K = 61 to
+# 300), faster on each of them, so the accept does not depend on timing luck on any one shape.
+HONEST = Candidate("honest: deeper K tiles for small GEMMs", "gemm", {"kernels/gemm/tuning.py": replace(
+    '"small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32', '"small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64')},
     "ACCEPT", "over the best")
 
 HANG = Candidate("sleeps past its time limit", "gemm", {GEMM: wrap_matmul(
