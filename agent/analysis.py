@@ -18,17 +18,30 @@ from kernels.common.opspec import OpSpec, Problem
 NOMINAL_RIDGE = 989e12 / 3.35e12
 
 
+FP8_FORMATS = ("e4m3", "e5m2")
+
+
 def measure_ceilings(device: torch.device) -> dict[str, float]:
-    """The GPU's bf16 matmul rate (TFLOPS) and copy bandwidth (GB/s, read + write), measured."""
+    """What the vendor libraries reach on this GPU: bf16 and fp8 matmul rates (TFLOPS, 8192^3) and
+    copy bandwidth (GB/s, read + write). Leads for the roofline, not the silicon's hard limits."""
     if device.type != "cuda":
         return {}
     timer = Timer(device, repeats=10, warmup=3)
+    flops = 2 * 8192**3
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    tflops = 2 * 8192**3 / (timer.time(lambda: a @ a).median_ms * 1e-3) / 1e12
+    ceilings = {"tflops": flops / (timer.time(lambda: a @ a).median_ms * 1e-3) / 1e12}
+    a8 = a.to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    try:
+        fp8_ms = timer.time(lambda: torch._scaled_mm(a8, a8.t(), one, one, out_dtype=torch.bfloat16,
+                                                     use_fast_accum=True)).median_ms
+        ceilings["fp8_tflops"] = flops / (fp8_ms * 1e-3) / 1e12
+    except RuntimeError:  # no fp8 matmul on this GPU
+        pass
     src = torch.empty(2**30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    gbps = 2 * src.numel() / (timer.time(lambda: dst.copy_(src)).median_ms * 1e-3) / 1e9
-    return {"tflops": tflops, "gbps": gbps}
+    ceilings["gbps"] = 2 * src.numel() / (timer.time(lambda: dst.copy_(src)).median_ms * 1e-3) / 1e9
+    return ceilings
 
 
 @dataclass(frozen=True)
@@ -48,15 +61,18 @@ def analyze(
     spec: OpSpec, shapes: Sequence[Shape], summary: Summary, dtype: str, variant: str, ceilings: dict[str, float]
 ) -> list[ShapeAnalysis]:
     forward = summary.metric("forward")
-    ridge = ceilings["tflops"] * 1e12 / (ceilings["gbps"] * 1e9) if ceilings else NOMINAL_RIDGE
     out = []
     for shape in shapes:
         dims = {**summary.frame.set_index("label").loc[shape.label, list(summary.schema.dims)].to_dict()}
         problem = Problem(dims=dims, dtype=dtype_from_name(dtype), device=torch.device("cpu"),
                           group_lens=shape.group_lens, variant=variant)
+        # An FP8 forward (its output judged at an fp8 format) runs on the fp8 rate, the rest on bf16's.
+        fp8 = spec.snr_formats(problem)[spec.forward_outputs[0]] in FP8_FORMATS and "fp8_tflops" in ceilings
+        peak = ceilings.get("fp8_tflops" if fp8 else "tflops")
+        ridge = peak * 1e12 / (ceilings["gbps"] * 1e9) if ceilings else NOMINAL_RIDGE
         flops, nbytes = spec.flops(problem)[0], spec.bytes_moved(problem)[0]
         intensity = flops / nbytes
-        roof = min(ceilings["tflops"], intensity * ceilings["gbps"] / 1e3) if ceilings else math.nan
+        roof = min(peak, intensity * ceilings["gbps"] / 1e3) if ceilings else math.nan
         out.append(ShapeAnalysis(shape.label, intensity, "compute" if intensity >= ridge else "memory",
                                  float(forward[shape.label]), roof))
     return out

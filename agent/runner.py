@@ -371,7 +371,7 @@ class Campaign:
         self.state.phase = "ANALYZE"
 
     def _above_roofline(self, record: RoundRecord) -> str | None:
-        """A forward rate above the GPU's measured roofline for a shape cannot be real."""
+        """A forward rate above `roofline_margin` times the shape's measured roofline cannot be real."""
         if not self.state.ceilings:
             return None
         summary = read_summary(self.run_dir / record.measurements[-1].csv)
@@ -379,8 +379,9 @@ class Campaign:
         analyses = analyze(self.spec, [s for s in self.shapes() if s.label in self.manifest.representative_shapes],
                            summary, read_meta(self.run_dir / record.measurements[-1].csv).dtype,
                            self.manifest.resolved_variant, self.state.ceilings)
-        over = [f"{a.label} {forward[a.label]:.0f} > {a.roofline_tflops:.0f} TFLOPS" for a in analyses
-                if forward[a.label] > 1.05 * a.roofline_tflops]
+        margin = self.rules.roofline_margin
+        over = [f"{a.label} {forward[a.label]:.0f} > {margin:g} x {a.roofline_tflops:.0f} TFLOPS" for a in analyses
+                if forward[a.label] > margin * a.roofline_tflops]
         return f"above the roofline (a measurement that cannot be real): {', '.join(over)}" if over else None
 
     def _check_details(self, record: RoundRecord) -> str:

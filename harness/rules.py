@@ -23,6 +23,7 @@ class IterationRules(BaseModel):
     per_shape_regression_pct: float = Field(ge=0)
     fresh_gain_fraction: float = Field(ge=0, le=1)
     implausible_speedup: float = Field(gt=1)
+    roofline_margin: float = Field(ge=1)
     stagnation_rollbacks: PositiveInt
     max_iterations: int = Field(gt=0, lt=120)
 

@@ -114,3 +114,16 @@ def test_an_implausible_speedup_is_remeasured_and_rejected_unless_reproduced(tmp
     assert decide([wild, gone], best, "step", RULES, LABELS).reason.startswith("implausible and not reproducible")
     again = measurement(tmp_path, "again", scale={"large": 3.0})
     assert decide([wild, again], best, "step", RULES, LABELS).verdict == "ACCEPT"
+
+
+def test_the_roofline_of_an_fp8_forward_uses_the_fp8_rate(tmp_path):
+    from agent.analysis import analyze
+    from harness.registry import get_spec
+    from harness.shapes import Shape
+
+    shape = Shape(label="s1", dims={"B": 2, "M": 64, "N": 32, "K": 16}, group_lens=(64, 64))
+    summary = read_summary(write_summary(tmp_path / "s.csv", GEMM, [gemm_row("s1", B=2)]))
+    ceilings = {"tflops": 800.0, "fp8_tflops": 1600.0, "gbps": 1e9}  # huge bandwidth: compute-bound
+    fp8 = analyze(get_spec("grouped_gemm_fp8"), [shape], summary, "bf16", "e4m3-rowwise", ceilings)[0]
+    bf16 = analyze(get_spec("grouped_gemm"), [shape], summary, "bf16", "default", ceilings)[0]
+    assert fp8.roofline_tflops == pytest.approx(1600.0) and bf16.roofline_tflops == pytest.approx(800.0)
