@@ -35,10 +35,6 @@ PRIOR_GAIN_PCT: dict[tuple[str, int], float] = {
 }
 
 
-def direction_of(knob: str) -> str:
-    return next(name for name, knobs in DIRECTIONS.items() if knob in knobs)
-
-
 def tuning_file(op: str) -> str:
     return f"kernels/{op}/tuning.py"
 
