@@ -44,6 +44,9 @@ class Manifest(BaseModel):
     repeats: int | None = Field(default=None, ge=1)
     # Also time with fresh input tensors every call; a gain that vanishes there is rejected as overfit.
     fresh_inputs: bool = True
+    # Measure the best commit again next to every candidate and compare the two: a machine whose speed
+    # drifts between rounds (clocks, neighbours, thermals) then cannot decide. Doubles measuring time.
+    paired_reference: bool = True
     # Limits of one measurement subprocess: its first shape (import, compile, check, time) must be
     # done within compile_timeout_s, the whole within compile_timeout_s + run_timeout_s.
     compile_timeout_s: int = Field(default=900, ge=5)

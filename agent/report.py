@@ -52,7 +52,8 @@ def round_summary(
         lines += [f"- Direction: {record.direction}", f"- Hypothesis: {record.hypothesis}",
                   f"- Change: `{_describe(record)}` in `{record.change.file if record.change else '-'}`",
                   f"- Validation: {'all shapes' if record.full_validation else 'representative shapes'},"
-                  f" {len(record.measurements)} measurement(s)"]
+                  f" {len(record.measurements)} measurement(s)"
+                  + (", each next to a re-measurement of the best" if record.references else "")]
     lines += [f"- Decision: **{record.status}**: {record.reason}", ""]
     if record.analysis:
         lines += ["## Analysis", "", record.analysis, ""]
@@ -63,8 +64,10 @@ def round_summary(
         lines += [f"## Per shape ({metric}, {summary.schema.metric})", "",
                   "| shape | Check | this round | vs best | vs baseline | min SNR (dB) |", "|---|---|---|---|---|---|"]
         checks = summary.checks()
+        # "vs best" is against the best as measured next to this round when it was (a paired reference).
+        reference = record.references[-1] if record.references else best_before
         for label, value in m.per_shape.items():
-            best = best_before.per_shape.get(label, math.nan) if best_before else math.nan
+            best = reference.per_shape.get(label, math.nan) if reference else math.nan
             base = baseline.per_shape.get(label, math.nan)
             lines.append(f"| {label} | {checks[label]} | {value:.4g} | {_pct(value, best)} | {_pct(value, base)} "
                          f"| {snr[label]:.1f} |")

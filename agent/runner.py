@@ -325,8 +325,24 @@ class Campaign:
             self.state.phase = "DECIDE"
             return
         metric = self.manifest.primary_metric
-        record.measurements.append(measure(summary, metric, self.rel(csv), self.manifest.representative_shapes,
-                                           read_meta(csv).fresh_ms))
+        shapes = self.manifest.representative_shapes
+        candidate = measure(summary, metric, self.rel(csv), shapes, read_meta(csv).fresh_ms)
+        if self.manifest.paired_reference and candidate.all_pass:
+            reference_csv = csv.with_name(csv.name.replace("benchmark", "reference"))
+            # The decision reads the representative shapes only: the best is re-measured on those.
+            request = BenchRequest(self.run_dir / "representative.yaml", reference_csv,
+                                   reference_csv.with_suffix(".log"))
+            self.lineage.restore(self.state.best_commit, self.manifest.files)
+            try:
+                reference = self._measure(request, f"the best (round {self.state.best_round}) next to it")
+            except MeasureError as exc:
+                record.status, record.reason = "ERROR", f"re-measuring the best failed: {exc}"
+                self.state.phase = "DECIDE"
+                return
+            self.lineage.apply(rd / "candidate.diff")
+            record.references.append(measure(reference, metric, self.rel(reference_csv), shapes,
+                                             read_meta(reference_csv).fresh_ms))
+        record.measurements.append(candidate)
         if record.full_validation:
             record.reason = self._full_validation_problem(summary) or ""
         self.state.phase = "DECIDE"
@@ -346,8 +362,8 @@ class Campaign:
         best_before = self.state.best
         assert best_before is not None
         if record.status == "OPEN":
-            verdict = decide(record.measurements, best_before, self.manifest.primary_metric, self.rules,
-                             self.manifest.representative_shapes)
+            verdict = decide(record.measurements, record.references or [best_before], self.manifest.primary_metric,
+                             self.rules, self.manifest.representative_shapes)
             if record.reason.startswith("full validation"):
                 verdict = Decision("ROLLBACK", record.reason, verdict.gain_pct)
             above = self._above_roofline(record) if verdict.verdict == "ACCEPT" else None

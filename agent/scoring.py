@@ -71,34 +71,43 @@ class Decision:
 
 
 def decide(
-    candidate: Sequence[Measurement], best: Measurement, metric: str, rules: IterationRules, shapes: Sequence[str]
+    candidate: Sequence[Measurement], references: Sequence[Measurement], metric: str, rules: IterationRules,
+    shapes: Sequence[str],
 ) -> Decision:
     """ACCEPT, ROLLBACK or REMEASURE a candidate measured `len(candidate)` times against the best.
 
-    Any FAIL rejects. A shape more than `implausible_speedup` times the best is re-measured (a new
-    process) and rejected unless reproduced. The aggregate gain (median over the measurements) must
-    beat the best and no shape may regress past the per-shape limit; a gain inside the noise floor
-    is re-measured up to the rules' count and then accepted only if every measurement beat the best.
-    An accepted gain must survive fresh input tensors (`fresh_gain_fraction` of it), or it is overfit.
+    `references` are the best commit's measurements: one per candidate measurement, taken next to
+    it (paired, so that a machine whose speed drifts between rounds cannot decide), or the single
+    recorded best. Any FAIL rejects. A shape more than `implausible_speedup` times the best is
+    re-measured (a new process) and rejected unless reproduced. The aggregate gain (median over the
+    measurements) must beat the best and no shape may regress past the per-shape limit; a gain
+    inside the noise floor is re-measured up to the rules' count and then accepted only if every
+    measurement beat the best. An accepted gain must survive fresh input tensors
+    (`fresh_gain_fraction` of it), or it is overfit.
     """
+    if len(references) not in (1, len(candidate)):
+        raise ValueError(f"{len(references)} reference measurements for {len(candidate)} candidate measurements")
+    pairs = list(zip(candidate, references if len(references) > 1 else references * len(candidate), strict=True))
     last = candidate[-1]
     if not last.all_pass:
         return Decision("ROLLBACK", f"FAIL on {', '.join(last.failed)}", math.nan)
-    first = candidate[0]
-    wild = {label: first.per_shape[label] / best.per_shape[label] for label in shapes
-            if first.per_shape[label] > rules.implausible_speedup * best.per_shape[label]}
+
+    def shape_ratios(label: str) -> list[float]:
+        return [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs]
+
+    wild = {label: shape_ratios(label)[0] for label in shapes if shape_ratios(label)[0] > rules.implausible_speedup}
     if wild:
         shown = ", ".join(f"{label} {r:.1f}x" for label, r in wild.items())
         if len(candidate) == 1:
             return Decision("REMEASURE", f"implausible ({shown} the best): re-measuring in isolation", math.nan)
-        if any(abs(last.per_shape[label] / first.per_shape[label] - 1) * 100 > 2 * rules.noise_floor_pct
-               for label in wild):
+        if any(abs(shape_ratios(label)[-1] / r - 1) * 100 > 2 * rules.noise_floor_pct for label, r in wild.items()):
             return Decision("ROLLBACK", f"implausible and not reproducible: {shown}", math.nan)
-    verdict = _decide_gain(candidate, best, metric, rules, shapes)
-    if verdict.verdict != "ACCEPT" or best.fresh_geomean is None:
-        return verdict
-    fresh = [m.fresh_geomean / best.fresh_geomean - 1.0 for m in candidate if m.fresh_geomean is not None]
-    if not fresh:
+    gains = [m.geomeans[metric] / ref.geomeans[metric] - 1.0 for m, ref in pairs]
+    verdict = _decide_gain(gains, {label: statistics.median(shape_ratios(label)) for label in shapes}, metric,
+                           rules, len(candidate))
+    fresh = [m.fresh_geomean / ref.fresh_geomean - 1.0 for m, ref in pairs
+             if m.fresh_geomean is not None and ref.fresh_geomean is not None]
+    if verdict.verdict != "ACCEPT" or not fresh:
         return verdict
     fresh_pct = 100.0 * statistics.median(fresh)
     if fresh_pct < rules.fresh_gain_fraction * verdict.gain_pct:
@@ -108,15 +117,11 @@ def decide(
 
 
 def _decide_gain(
-    candidate: Sequence[Measurement], best: Measurement, metric: str, rules: IterationRules, shapes: Sequence[str]
+    gains: Sequence[float], ratios: Mapping[str, float], metric: str, rules: IterationRules, measured: int
 ) -> Decision:
-    """The aggregate-gain and per-shape-regression part of `decide`."""
-    gains = [m.geomeans[metric] / best.geomeans[metric] - 1.0 for m in candidate]
-    gain = statistics.median(gains)
-    gain_pct = 100.0 * gain
-    ratios = {
-        label: statistics.median(m.per_shape[label] for m in candidate) / best.per_shape[label] for label in shapes
-    }
+    """The aggregate-gain and per-shape-regression part of `decide`: `gains` per measurement,
+    `ratios` per shape (candidate over best, median over the measurements)."""
+    gain_pct = 100.0 * statistics.median(gains)
     worst = min(ratios, key=ratios.__getitem__)
     limit = rules.per_shape_regression_pct
     if ratios[worst] < 1.0 - limit / 100.0:
@@ -127,7 +132,7 @@ def _decide_gain(
         return Decision("ACCEPT", f"{metric} geomean {gain_pct:+.2f}% over the best", gain_pct)
     if gain_pct <= -floor:
         return Decision("ROLLBACK", f"{metric} geomean {gain_pct:+.2f}%: slower than the best", gain_pct)
-    if len(candidate) < 1 + rules.remeasure_count:
+    if measured < 1 + rules.remeasure_count:
         return Decision("REMEASURE", f"{gain_pct:+.2f}% is inside the {floor:g}% noise floor", gain_pct)
     if all(g > 0 for g in gains):
         return Decision("ACCEPT", f"{gain_pct:+.2f}%, ahead in all {len(gains)} measurements", gain_pct)

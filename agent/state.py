@@ -53,6 +53,8 @@ class RoundRecord(BaseModel):
     expected_gain_pct: float = 0.0
     full_validation: bool = False
     measurements: list[Measurement] = []
+    # The best commit measured right after each candidate measurement (paired), when the manifest asks.
+    references: list[Measurement] = []
     status: RoundStatus = "OPEN"
     reason: str = ""
     # The aggregate gain (%) over the best that the decision saw; None when nothing was measured.

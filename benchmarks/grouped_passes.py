@@ -24,12 +24,13 @@ from harness.shapes import load_shapes
 from harness.timing import Timer
 from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_cols_t, quantize_rows
 from kernels.common.opspec import Problem
+from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
-from kernels.grouped_gemm.kernel import Scales, grouped_mm
+from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm.spec import make_inputs
 from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
-from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, _row_scale_strides, config_for
+from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_scale_strides
 
 
 def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) -> list[dict[str, object]]:
@@ -64,8 +65,8 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
 
     e4m3 = torch.float8_e4m3fn
     a_q, sa = quantize_rows(a, e4m3, Granularity.ROWWISE)
-    w = QuantizedWeight(b, False, e4m3, Granularity.ROWWISE)
-    scales = Scales(sa, _row_scale_strides(sa, Granularity.ROWWISE), w.scale, w.strides)
+    w = QuantizedWeight.quantize(b, False, e4m3, Granularity.ROWWISE)
+    scales = Scales(sa, row_scale_strides(sa, Granularity.ROWWISE), w.scale, w.strides)
     cfg = config_for("fwd", M, G, Granularity.ROWWISE)
     sb = w.scale.view(G, N)
     compare("fp8 rowwise GEMM only", lambda: grouped_mm(a_q, w.data, offs, out, cfg, scales),
@@ -83,7 +84,7 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
               lambda: quantize_cols_t(g, offs, e4m3, Granularity.ROWWISE), M * N * (2 * elt + 1))
     bandwidth("quantize_cols_t(a) blockwise",
               lambda: quantize_cols_t(a, offs, e4m3, Granularity.BLOCKWISE), M * K * (elt + 1))
-    bandwidth("QuantizedWeight(b) blockwise", lambda: QuantizedWeight(b, False, e4m3, Granularity.BLOCKWISE),
+    bandwidth("QuantizedWeight(b) blockwise", lambda: QuantizedWeight.quantize(b, False, e4m3, Granularity.BLOCKWISE),
               G * N * K * (elt + 2))
     return rows
 
@@ -102,9 +103,9 @@ def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Gran
     N = b.shape[1]
     offs = group_offsets(lens)
     a_q, sa = quantize_rows(a, torch.float8_e4m3fn, granularity)
-    w = QuantizedWeight(b, False, torch.float8_e4m3fn, granularity)
+    w = QuantizedWeight.quantize(b, False, torch.float8_e4m3fn, granularity)
     blockwise = granularity == Granularity.BLOCKWISE
-    scales = Scales(sa, _row_scale_strides(sa, granularity), w.scale, w.strides, w.out_div, per_k_block=blockwise)
+    scales = Scales(sa, row_scale_strides(sa, granularity), w.scale, w.strides, w.out_div, per_k_block=blockwise)
     out = a.new_empty(M, N)
     rows = []
     for bm, bn, warps, stages in SWEEP_CONFIGS:

@@ -108,13 +108,41 @@ class DenseModel:
     heads: int
     kv_heads: int
     head_dim: int = 128
+    vocab: int = 128256
 
     def projections(self) -> dict[str, tuple[int, int]]:
-        """(N, K) of each Linear layer of a transformer block."""
+        """(N, K) of each Linear layer of a transformer block, and of the output head."""
         q = self.heads * self.head_dim
         return {
             "qkv": (q + 2 * self.kv_heads * self.head_dim, self.hidden),
             "o": (self.hidden, q),
+            "gate_up": (2 * self.intermediate, self.hidden),
+            "down": (self.hidden, self.intermediate),
+            "lm_head": (self.vocab, self.hidden),
+        }
+
+
+@dataclass(frozen=True)
+class MLADenseModel:
+    """The dense layers of a multi-head-latent-attention model (DeepSeek-V3): low-rank query and
+    key/value projections, the output projection, and the dense MLP of its first layers."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    q_rank: int
+    kv_rank: int
+    qk_nope_dim: int = 128
+    qk_rope_dim: int = 64
+    v_dim: int = 128
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        return {
+            "q_a": (self.q_rank, self.hidden),
+            "q_b": (self.heads * (self.qk_nope_dim + self.qk_rope_dim), self.q_rank),
+            "kv_a": (self.kv_rank + self.qk_rope_dim, self.hidden),
+            "kv_b": (self.heads * (self.qk_nope_dim + self.v_dim), self.kv_rank),
+            "o": (self.hidden, self.heads * self.v_dim),
             "gate_up": (2 * self.intermediate, self.hidden),
             "down": (self.hidden, self.intermediate),
         }
@@ -134,11 +162,13 @@ class MoEModel:
         return {"gateup": (2 * self.expert_intermediate, self.hidden), "down": (self.hidden, self.expert_intermediate)}
 
 
-DENSE_MODELS: dict[str, DenseModel] = {
+DENSE_MODELS: dict[str, DenseModel | MLADenseModel] = {
     "llama3-8b": DenseModel(hidden=4096, intermediate=14336, heads=32, kv_heads=8),
     "llama3-70b": DenseModel(hidden=8192, intermediate=28672, heads=64, kv_heads=8),
+    "deepseek-v3-dense": MLADenseModel(hidden=7168, intermediate=18432, heads=128, q_rank=1536, kv_rank=512),
 }
-DENSE_TOKENS: tuple[int, ...] = (2048, 4096, 8192)
+LLAMA3_MODELS = ("llama3-8b", "llama3-70b")
+DENSE_TOKENS: tuple[int, ...] = (4096, 8192)
 
 MOE_MODELS: dict[str, MoEModel] = {
     "deepseek-v3": MoEModel(hidden=7168, expert_intermediate=2048, experts=256, top_k=8),
@@ -216,7 +246,8 @@ PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
     "dense_gemm": {
         "smoke": dense_smoke,
         **{name: (lambda name=name: dense_preset(name)) for name in DENSE_MODELS},
-        "llama3": lambda: [s for name in DENSE_MODELS for s in dense_preset(name)],
+        "llama3": lambda: [s for name in LLAMA3_MODELS for s in dense_preset(name)],
+        "square": lambda: [Shape(label=f"square/{n}", dims={"B": 1, "M": n, "N": n, "K": n}) for n in (4096, 8192)],
     },
     "grouped_gemm": {
         "smoke": grouped_smoke,

@@ -52,15 +52,17 @@ def speed(root: Path) -> float:
 
 
 class FakeMeasurer:
-    def __init__(self, root: Path, interrupt_at_call: int | None = None) -> None:
-        self.root, self.calls, self.interrupt_at_call = root, 0, interrupt_at_call
+    """`slowdown`: the machine's speed after the baseline (1.0: as fast as at BASELINE)."""
+
+    def __init__(self, root: Path, interrupt_at_call: int | None = None, slowdown: float = 1.0) -> None:
+        self.root, self.calls, self.interrupt_at_call, self.slowdown = root, 0, interrupt_at_call, slowdown
 
     def __call__(self, request: BenchRequest) -> None:
         self.calls += 1
         if self.calls == self.interrupt_at_call:
             raise KeyboardInterrupt  # the process dies in the middle of this measurement
         labels = [s.label for s in load_shape_file(request.shapes_file)]
-        value = speed(self.root)
+        value = speed(self.root) * (self.slowdown if self.calls > 1 else 1.0)
         write_summary(request.summary_csv, GEMM, [gemm_row(label, fwd=value, bwd=value) for label in labels])
         meta = BenchMeta(op="gemm", runner="fake", csv_schema="gemm", dtype="fp16", variant="default", shapes="t",
                          seed=0, timing=TimingInfo(mode="fake", repeats=1, warmup=0, l2_flush=False),
@@ -75,9 +77,9 @@ def manifest(name: str, **overrides):
     return parse_manifest({"campaign": name, "op": "gemm", "shapes": "smoke", "max_iterations": 4} | overrides, "test")
 
 
-def run_campaign(root: Path, name: str, measurer=None) -> Campaign:
+def run_campaign(root: Path, name: str, measurer=None, **overrides) -> Campaign:
     measurer = measurer or FakeMeasurer(root)
-    campaign = Campaign.create(root, manifest(name), measurer=measurer, console=Console(quiet=True))
+    campaign = Campaign.create(root, manifest(name, **overrides), measurer=measurer, console=Console(quiet=True))
     campaign.run()
     return campaign
 
@@ -117,8 +119,9 @@ def test_campaign_accepts_and_rolls_back_with_lineage_logs_and_report(tmp_path):
 def test_kill_during_validate_then_resume_gives_the_same_campaign(tmp_path):
     reference = run_campaign(make_repo(tmp_path / "a"), "same")
     root = make_repo(tmp_path / "b")
-    # calls: 1 baseline, 2 round 2, 3-6 round 3 (with re-measures), 7 round 4: die inside round 4's VALIDATE
-    killed = Campaign.create(root, manifest("same"), measurer=FakeMeasurer(root, interrupt_at_call=7),
+    # calls (each candidate measurement, then the best next to it): 1 baseline, 2-3 round 2, 4-11 round 3
+    # (with re-measures), 12-13 round 4: die while re-measuring the best in round 4's VALIDATE
+    killed = Campaign.create(root, manifest("same"), measurer=FakeMeasurer(root, interrupt_at_call=13),
                              console=Console(quiet=True))
     with pytest.raises(KeyboardInterrupt):
         killed.run()
@@ -131,6 +134,15 @@ def test_kill_during_validate_then_resume_gives_the_same_campaign(tmp_path):
     assert len([c for c in repo.iter_commits() if c.message.startswith("[optimize]")]) == 1
     optimize_log = (resumed.run_dir / "logs" / "optimize.md").read_text()
     assert [optimize_log.count(f"## Round {n}:") for n in range(1, 6)] == [1] * 5
+
+
+def test_a_machine_that_slows_down_after_the_baseline_does_not_decide(tmp_path):
+    paired = run_campaign(make_repo(tmp_path / "a"), "paired", FakeMeasurer(tmp_path / "a", slowdown=0.85))
+    assert outcomes(paired) == EXPECTED
+    assert all(len(r.references) == len(r.measurements) for r in paired.state.optimization_rounds())
+    unpaired = run_campaign(make_repo(tmp_path / "b"), "unpaired", FakeMeasurer(tmp_path / "b", slowdown=0.85),
+                            paired_reference=False)
+    assert [status for status, _, _ in outcomes(unpaired)] == ["ROLLBACK"] * 4  # the +10% drowned in the -15%
 
 
 def test_a_dirty_tree_is_refused_before_anything_is_written(tmp_path):

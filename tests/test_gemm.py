@@ -5,10 +5,12 @@ from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.tiles import TileConfig, config_from_table
 from kernels.gemm import gemm, gemm_backward, gemm_forward
+from kernels.gemm.kernel import tma_layout
 from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, config_for, shape_bucket
 
-# (M, N, K): none divisible by the blocks, a long K, a single row.
-SHAPES = [(97, 75, 61), (64, 48, 300), (1, 33, 17), (130, 70, 64)]
+# (M, N, K): none divisible by the blocks, a long K, a single row (the pointer kernel); then shapes
+# whose rows are 16-byte multiples, not multiples of the blocks either (the TMA kernel).
+SHAPES = [(97, 75, 61), (64, 48, 300), (1, 33, 17), (130, 70, 64), (136, 72, 96), (200, 104, 168)]
 
 
 def reference(a, b, g, trans_a, trans_b):
@@ -42,8 +44,8 @@ def test_forward_and_backward_match_float64(mnk, trans_a, trans_b, device, half_
     assert snr_db(b.grad, ref_db) > floor
 
 
-def test_every_element_written_into_poisoned_buffers(device, half_dtype):
-    M, N, K = 77, 45, 52
+@pytest.mark.parametrize(("M", "N", "K"), [(77, 45, 52), (136, 72, 200)])
+def test_every_element_written_into_poisoned_buffers(M, N, K, device, half_dtype):
     a = torch.randn(M, K, dtype=half_dtype, device=device)
     b = torch.randn(N, K, dtype=half_dtype, device=device)
     g = torch.randn(M, N, dtype=half_dtype, device=device)
@@ -94,6 +96,14 @@ def test_bad_out_dtype_raises():
     a = torch.randn(4, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match="out_dtype"):
         gemm(a, a.t().contiguous(), out_dtype=torch.int32)
+
+
+def test_tma_layout_names_the_contiguous_dim_or_refuses():
+    t = torch.empty(64, 96, dtype=torch.float16)
+    assert tma_layout(t) is True and tma_layout(t.t()) is False
+    assert tma_layout(torch.empty(64, 61, dtype=torch.float16)) is None  # 122-byte rows
+    assert tma_layout(t[:, 1:]) is None  # a base 2 bytes off alignment
+    assert tma_layout(t[::2, ::2]) is None  # no unit stride
 
 
 def test_tuned_table_lies_in_the_tunable_space():

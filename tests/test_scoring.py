@@ -30,21 +30,21 @@ def test_measure_scores_every_metric_over_pass_rows(tmp_path):
 def test_accept_a_clear_gain(tmp_path):
     best = measurement(tmp_path, "best")
     cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 1.05))
-    d = decide([cand], best, "step", RULES, LABELS)
+    d = decide([cand], [best], "step", RULES, LABELS)
     assert d.verdict == "ACCEPT" and d.gain_pct == pytest.approx(5.0, abs=0.01)
 
 
 def test_reject_any_fail_even_when_faster(tmp_path):
     best = measurement(tmp_path, "best")
     cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 1.5), fail=("medium",))
-    d = decide([cand], best, "step", RULES, LABELS)
+    d = decide([cand], [best], "step", RULES, LABELS)
     assert d.verdict == "ROLLBACK" and "FAIL on medium" in d.reason
 
 
 def test_reject_a_six_percent_regression_of_one_representative_shape(tmp_path):
     best = measurement(tmp_path, "best")
     cand = measurement(tmp_path, "cand", scale={"small": 1.20, "medium": 1.20, "large": 0.94})
-    d = decide([cand], best, "step", RULES, LABELS)
+    d = decide([cand], [best], "step", RULES, LABELS)
     assert d.verdict == "ROLLBACK" and d.reason.startswith("large regressed 6.0%")
     assert d.gain_pct > RULES.noise_floor_pct  # the aggregate alone would have been accepted
 
@@ -54,19 +54,19 @@ def test_gain_under_the_noise_floor_is_remeasured_then_decided(tmp_path):
     small_gain = measurement(tmp_path, "c1", scale=dict.fromkeys(LABELS, 1.01))
     runs = [small_gain]
     for i in range(RULES.remeasure_count):
-        assert decide(runs, best, "step", RULES, LABELS).verdict == "REMEASURE"
+        assert decide(runs, [best], "step", RULES, LABELS).verdict == "REMEASURE"
         runs.append(measurement(tmp_path, f"r{i}", scale=dict.fromkeys(LABELS, 1.01)))
-    final = decide(runs, best, "step", RULES, LABELS)
+    final = decide(runs, [best], "step", RULES, LABELS)
     assert final.verdict == "ACCEPT" and f"all {len(runs)} measurements" in final.reason
     mixed = [small_gain] + [measurement(tmp_path, f"m{i}", scale=dict.fromkeys(LABELS, 0.995))
                             for i in range(RULES.remeasure_count)]
-    assert decide(mixed, best, "step", RULES, LABELS).verdict == "ROLLBACK"
+    assert decide(mixed, [best], "step", RULES, LABELS).verdict == "ROLLBACK"
 
 
 def test_clearly_slower_is_rolled_back_without_remeasuring(tmp_path):
     best = measurement(tmp_path, "best")
     cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 0.97))
-    assert decide([cand], best, "step", RULES, LABELS).verdict == "ROLLBACK"
+    assert decide([cand], [best], "step", RULES, LABELS).verdict == "ROLLBACK"
 
 
 def test_stagnation_switch():
@@ -99,21 +99,21 @@ def test_geomean_ignores_non_positive_and_nan():
 def test_a_gain_that_vanishes_with_fresh_tensors_is_overfit(tmp_path):
     best = measurement(tmp_path, "best").model_copy(update={"fresh_geomean": 100.0})
     cand = measurement(tmp_path, "cand", scale=dict.fromkeys(LABELS, 1.10))
-    overfit = decide([cand.model_copy(update={"fresh_geomean": 101.0})], best, "step", RULES, LABELS)
+    overfit = decide([cand.model_copy(update={"fresh_geomean": 101.0})], [best], "step", RULES, LABELS)
     assert overfit.verdict == "ROLLBACK" and overfit.reason.startswith("overfit: +10.00% with reused tensors")
-    honest = decide([cand.model_copy(update={"fresh_geomean": 109.0})], best, "step", RULES, LABELS)
+    honest = decide([cand.model_copy(update={"fresh_geomean": 109.0})], [best], "step", RULES, LABELS)
     assert honest.verdict == "ACCEPT" and "+9.00% with fresh tensors" in honest.reason
 
 
 def test_an_implausible_speedup_is_remeasured_and_rejected_unless_reproduced(tmp_path):
     best = measurement(tmp_path, "best")
     wild = measurement(tmp_path, "wild", scale={"large": 3.0})
-    first = decide([wild], best, "step", RULES, LABELS)
+    first = decide([wild], [best], "step", RULES, LABELS)
     assert first.verdict == "REMEASURE" and "implausible (large 3.0x the best)" in first.reason
     gone = measurement(tmp_path, "gone", scale={"large": 1.0})
-    assert decide([wild, gone], best, "step", RULES, LABELS).reason.startswith("implausible and not reproducible")
+    assert decide([wild, gone], [best], "step", RULES, LABELS).reason.startswith("implausible and not reproducible")
     again = measurement(tmp_path, "again", scale={"large": 3.0})
-    assert decide([wild, again], best, "step", RULES, LABELS).verdict == "ACCEPT"
+    assert decide([wild, again], [best], "step", RULES, LABELS).verdict == "ACCEPT"
 
 
 def test_the_roofline_of_an_fp8_forward_uses_the_fp8_rate(tmp_path):
@@ -127,3 +127,20 @@ def test_the_roofline_of_an_fp8_forward_uses_the_fp8_rate(tmp_path):
     fp8 = analyze(get_spec("grouped_gemm_fp8"), [shape], summary, "bf16", "e4m3-rowwise", ceilings)[0]
     bf16 = analyze(get_spec("grouped_gemm"), [shape], summary, "bf16", "default", ceilings)[0]
     assert fp8.roofline_tflops == pytest.approx(1600.0) and bf16.roofline_tflops == pytest.approx(800.0)
+
+
+def test_a_paired_reference_cancels_a_machine_that_slowed_down_between_rounds(tmp_path):
+    recorded = measurement(tmp_path, "recorded")
+    slow = {label: 0.6 for label in LABELS}  # the whole machine runs at 60% of its speed at BASELINE
+    cand = measurement(tmp_path, "cand", scale={label: 0.6 * 1.2 for label in LABELS})
+    assert decide([cand], [recorded], "step", RULES, LABELS).verdict == "ROLLBACK"
+    paired = decide([cand], [measurement(tmp_path, "ref", scale=slow)], "step", RULES, LABELS)
+    assert paired.verdict == "ACCEPT" and paired.gain_pct == pytest.approx(20.0, abs=0.01)
+
+
+def test_each_remeasurement_is_compared_with_its_own_reference(tmp_path):
+    refs = [measurement(tmp_path, f"ref{i}", scale=dict.fromkeys(LABELS, s)) for i, s in enumerate((1.0, 0.8))]
+    cands = [measurement(tmp_path, f"c{i}", scale=dict.fromkeys(LABELS, s * 1.01)) for i, s in enumerate((1.0, 0.8))]
+    assert decide(cands, refs, "step", RULES, LABELS).gain_pct == pytest.approx(1.0, abs=0.01)
+    with pytest.raises(ValueError, match="2 reference measurements for 3"):
+        decide([*cands, cands[0]], refs, "step", RULES, LABELS)

@@ -8,7 +8,10 @@ def test_llama3_presets_have_the_model_projections():
     dims = {s.label: s.dims for s in load_shapes("dense_gemm", "llama3-8b")}
     assert dims["llama3-8b/qkv/t4096"] == {"B": 1, "M": 4096, "N": 6144, "K": 4096}
     assert dims["llama3-8b/gate_up/t8192"] == {"B": 1, "M": 8192, "N": 28672, "K": 4096}
-    assert dims["llama3-8b/down/t2048"] == {"B": 1, "M": 2048, "N": 4096, "K": 14336}
+    assert dims["llama3-8b/down/t4096"] == {"B": 1, "M": 4096, "N": 4096, "K": 14336}
+    assert dims["llama3-8b/lm_head/t8192"] == {"B": 1, "M": 8192, "N": 128256, "K": 4096}
+    mla = {s.label: s.dims for s in load_shapes("dense_gemm", "deepseek-v3-dense")}
+    assert mla["deepseek-v3-dense/kv_b/t4096"] == {"B": 1, "M": 4096, "N": 32768, "K": 512}
     big = {s.label: s.dims for s in load_shapes("dense_gemm", "llama3-70b")}
     assert big["llama3-70b/qkv/t8192"]["N"] == 10240 and big["llama3-70b/o/t4096"]["K"] == 8192
 

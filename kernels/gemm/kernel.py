@@ -1,8 +1,14 @@
-"""gemm: one strided Triton matmul kernel and its launcher.
+"""gemm: a persistent TMA matmul kernel for Hopper, a strided pointer kernel for the rest, and their launcher.
 
-`C = A @ B` for 2-D operands of any strides: a transposed operand is a view with swapped strides,
-so the forward (NT for a Linear weight), dgrad (NN) and wgrad (TN) all run through this kernel with
-no copies. fp32 accumulation; edges masked, so M, N and K need not divide the block sizes.
+`C = A @ B` with A [M, K] and B [K, N] given by their strides: the forward of a Linear layer (NT:
+B is the weight [N, K], K-major), dgrad (NN) and wgrad (TN: A is a transposed view) need no copies.
+
+The TMA kernel reads both operands through tensor descriptors (the copy engine loads whole tiles,
+zero-filling past the edges, so no masks and no address math in the mainloop) and is persistent:
+one program per SM walks the output tiles in grouped-M order. It also runs FP8 operands (both
+K-major, as wgmma needs) with their scales applied in the epilogue or per 128-wide K block. TMA
+wants a 16-byte aligned base and 16-byte multiple strides; where an operand breaks that (K = 61,
+an odd slice), the pointer kernel takes over. fp32 accumulation everywhere.
 """
 
 from __future__ import annotations
@@ -10,13 +16,71 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.common.device import check_same_device
+from kernels.common.device import check_same_device, interpreter_mode
+from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.gemm.tuning import config_for
 
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc, b_desc, c_desc, sa_ptr, sb_ptr,
+    M, N, K,
+    stride_sam, stride_sak, stride_sbn, stride_sbk,
+    A_K_MAJOR: tl.constexpr,
+    B_K_MAJOR: tl.constexpr,
+    SCALE: tl.constexpr,
+    SB_OUT_DIV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
+    """A K-major is stored [M, K] (else [K, M]); B K-major is stored [N, K] (else [K, N])."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        if SCALE != 0:
+            rows = row0 + tl.arange(0, BLOCK_M)
+            cols = col0 + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_tiles):
+            k0 = kb * BLOCK_K
+            a = a_desc.load([row0, k0]) if A_K_MAJOR else a_desc.load([k0, row0]).T
+            b = b_desc.load([col0, k0]).T if B_K_MAJOR else b_desc.load([k0, col0])
+            if SCALE == 2:  # blockwise: promote each K block's product with its own scales
+                sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=rows < M, other=0.0)
+                if SB_OUT_DIV % BLOCK_N == 0:  # the tile lies in one 128-wide weight block: one scale, one multiply
+                    sb = tl.load(sb_ptr + (col0 // SB_OUT_DIV) * stride_sbn + kb * stride_sbk)
+                    acc += tl.dot(a, b) * (sa * sb)[:, None]
+                else:
+                    sb = tl.load(sb_ptr + (cols // SB_OUT_DIV) * stride_sbn + kb * stride_sbk, mask=cols < N,
+                                 other=0.0)
+                    acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+            else:
+                acc = tl.dot(a, b, acc)
+        if SCALE == 1:
+            sa = tl.load(sa_ptr + rows * stride_sam, mask=rows < M, other=0.0)
+            sb = tl.load(sb_ptr + (cols // SB_OUT_DIV) * stride_sbn, mask=cols < N, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
+        if EPILOGUE_SUBTILE:  # two half-width stores: half the epilogue's shared memory, left to the mainloop
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([row0, col0], left.to(c_desc.dtype))
+            c_desc.store([row0, col0 + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([row0, col0], acc.to(c_desc.dtype))
 
 
 @triton.jit
@@ -31,6 +95,7 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
+    """The fallback for operands TMA cannot describe: masked pointer loads, one program per tile."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # Tile bases in int64: row * stride can pass 2**31 elements on large operands.
@@ -55,6 +120,78 @@ def _matmul_kernel(
 
     c_ptrs = c_ptr + row0 * stride_cm + col0 * stride_cn + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def tma_layout(t: torch.Tensor) -> bool | None:
+    """Whether TMA can read 2-D `t`: True if its rows are contiguous, False if its columns are, None if
+    neither or if its base or its other stride is not a multiple of 16 bytes."""
+    if t.data_ptr() % 16:
+        return None
+    for contiguous_dim in (1, 0):
+        if t.stride(contiguous_dim) == 1:
+            other = t.stride(1 - contiguous_dim)
+            extent = t.shape[contiguous_dim] * t.element_size()
+            if (other * t.element_size()) % 16 == 0 and extent >= 16:
+                return contiguous_dim == 1
+    return None
+
+
+def _num_programs(device: torch.device, tiles: int) -> int:
+    if interpreter_mode() or device.type != "cuda":
+        return max(1, min(tiles, 4))  # a few, so that the interpreter walks several tiles per program
+    return max(1, min(tiles, torch.cuda.get_device_properties(device).multi_processor_count))
+
+
+def _descriptor(t: torch.Tensor, k_major: bool, rows_block: int, k_block: int) -> TensorDescriptor:
+    """A descriptor over the operand's storage: [rows, K] when K-major, else [K, rows]."""
+    base = t if k_major else t.t()
+    block = [rows_block, k_block] if k_major else [k_block, rows_block]
+    return TensorDescriptor(base, list(base.shape), list(base.stride()), block)
+
+
+def launch_tma(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: TileConfig, scales: Scales | None = None,
+    epilogue_subtile: bool = False,
+) -> torch.Tensor:
+    """`out = a @ b` (times the scales) on the TMA kernel; every tensor must pass `tma_layout`, out row-major."""
+    (M, K), N = a.shape, b.shape[1]
+    a_k_major, b_k_major = tma_layout(a), not tma_layout(b)
+    if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
+        raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    programs = _num_programs(a.device, tiles)
+    s = scales or Scales(a, (0, 0), a, (0, 0, 0))
+    out_block = [cfg.BLOCK_M, cfg.BLOCK_N // 2 if epilogue_subtile else cfg.BLOCK_N]
+    _matmul_tma_kernel[(programs,)](
+        _descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),
+        _descriptor(b.t(), b_k_major, cfg.BLOCK_N, cfg.BLOCK_K),
+        TensorDescriptor(out, list(out.shape), list(out.stride()), out_block),
+        s.a, s.b,
+        M, N, K,
+        *s.a_strides, *s.b_strides[1:],
+        A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major,
+        SCALE=SCALE_NONE if scales is None else scales.mode, SB_OUT_DIV=s.b_out_div,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        EPILOGUE_SUBTILE=epilogue_subtile, NUM_PROGRAMS=programs,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def launch_pointer(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
+    """`out = a @ b` on the pointer kernel: any strides."""
+    (M, K), N = a.shape, b.shape[1]
+    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
+    _matmul_kernel[grid](
+        a, b, out,
+        M, N, K,
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
 
 
 def matmul(
@@ -82,20 +219,14 @@ def matmul(
     check_same_device(a=a, b=b, out=out)
     if M == 0 or N == 0:
         return out
+    if K == 0:
+        return out.zero_()
     if out.stride(0) == 1 and out.stride(1) != 1:
         # A column-major out (wgrad into a transposed view): compute out^T = b^T @ a^T so stores stay row-major.
         matmul(b.t(), a.t(), out=out.t(), config=config)
         return out
 
     cfg = config or config_for(M, N, K)
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
-    _matmul_kernel[grid](
-        a, b, out,
-        M, N, K,
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return out
+    if None not in (tma_layout(a), tma_layout(b)) and tma_layout(out) is True:
+        return launch_tma(a, b, out, cfg)
+    return launch_pointer(a, b, out, cfg)

@@ -3,9 +3,8 @@ kernel (the variable-K wgrad), shared by the bf16 op and the FP8 op.
 
 Group g owns rows [offs[g], offs[g+1]) of the token-major tensors. `offs` stays on the device: no
 host sync, so every launch is CUDA-graph safe and nothing is specialized on group sizes. Operand
-layouts are strides, so NT, NN and TN need no copies. FP8 scales are strided views that broadcast:
-a tensorwise scale has stride 0 where a rowwise one has stride 1, so one indexing serves all
-granularities; SCALE picks where they apply (epilogue, or per 128-wide K block for blockwise).
+layouts are strides, so NT, NN and TN need no copies. FP8 scales are strided views (see
+kernels/common/scales.py); SCALE picks where they apply.
 """
 
 from __future__ import annotations
@@ -17,24 +16,8 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import interpreter_mode
+from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
-
-SCALE_NONE, SCALE_EPILOGUE, SCALE_PER_K_BLOCK = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class Scales:
-    """Scale views for a scaled launch: for A indexed [row, k_block], for B [group, out, k_block].
-
-    `b_out_div` maps an output column to its scale index (128 for 128x128 weight blocks, else 1).
-    """
-
-    a: torch.Tensor
-    a_strides: tuple[int, int]
-    b: torch.Tensor
-    b_strides: tuple[int, int, int]
-    b_out_div: int = 1
-    per_k_block: bool = False
 
 
 @triton.jit
@@ -178,7 +161,7 @@ def grouped_mm(
     max_tiles = (triton.cdiv(M, cfg.BLOCK_M) + G) * triton.cdiv(N, cfg.BLOCK_N)
     programs = _num_programs(a.device, max_tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
-    mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.per_k_block else SCALE_EPILOGUE)
+    mode = SCALE_NONE if scales is None else scales.mode
     _grouped_mm_kernel[(programs,)](
         a, b, out, offs, s.a, s.b,
         G, N, K,

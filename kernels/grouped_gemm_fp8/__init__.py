@@ -30,7 +30,7 @@ def fp8_forward(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor
 ) -> QuantizedWeight:
     w, fwd_reduces_rows = _stored(b, trans_b)
-    weight = QuantizedWeight(w, fwd_reduces_rows, config.forward_dtype, config.granularity)
+    weight = QuantizedWeight.quantize(w, fwd_reduces_rows, config.forward_dtype, config.granularity)
     m_grouped_fp8("fwd", a, config.forward_dtype, weight, offs, config.granularity, out)
     return weight
 
@@ -42,7 +42,7 @@ def fp8_dgrad(
     """grad_a = grad_out @ b_g per group; reuses the forward's 128x128 weight blocks when given."""
     w, fwd_reduces_rows = _stored(b, trans_b)
     blocks = forward_weight.blocks if forward_weight and config.granularity == Granularity.BLOCKWISE else None
-    weight = QuantizedWeight(w, not fwd_reduces_rows, config.forward_dtype, config.granularity, blocks)
+    weight = QuantizedWeight.quantize(w, not fwd_reduces_rows, config.forward_dtype, config.granularity, blocks)
     m_grouped_fp8("dgrad", grad_out, config.grad_dtype, weight, offs, config.granularity, grad_a)
 
 

@@ -17,7 +17,11 @@ from agent.runner import Campaign
 from harness.files import REPO_ROOT
 from tests.adversarial.cheats import CHEATS, CRASH, HANG, HONEST, Candidate
 
-UNIFORM = [{"label": f"u{i}", "B": 4, "M": 32, "N": 40 + 8 * i, "K": 24, "group_lens": [32] * 4} for i in range(3)]
+SHAPE_FILES = {
+    "uniform.yaml": [{"label": f"u{i}", "B": 4, "M": 32, "N": 40 + 8 * i, "K": 24, "group_lens": [32] * 4}
+                     for i in range(3)],
+    "square.yaml": [{"label": f"square-{n}", "B": 1, "M": n, "N": n, "K": n} for n in (112, 128)],
+}
 
 
 class ScriptedProposer:
@@ -44,10 +48,11 @@ def origin(tmp_path_factory) -> Path:
 def run_round(tmp_path: Path, patches: list[Candidate], **manifest_fields) -> Campaign:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
-    (clone / "uniform.yaml").write_text(yaml.safe_dump(UNIFORM))
+    for name, shapes in SHAPE_FILES.items():
+        (clone / name).write_text(yaml.safe_dump(shapes))
     repo = git.Repo(clone)
-    repo.git.add("uniform.yaml")
-    repo.git.commit("-m", "uniform shapes", "--author", "t <t@t>")
+    repo.git.add(*SHAPE_FILES)
+    repo.git.commit("-m", "shape files", "--author", "t <t@t>")
     fields = {"campaign": "adv", "op": patches[0].op, "shapes": patches[0].shapes, "max_iterations": len(patches),
               "repeats": 2} | manifest_fields
     campaign = Campaign.create(clone, parse_manifest(fields, "test"), console=Console(quiet=True),

@@ -1,0 +1,64 @@
+"""gemm_fp8: the tunable space and the tuned table (pass/bucket -> launch config).
+
+The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
+Buckets by output area (small up to 2048 x 2048), with a `/blockwise` twin: blockwise scaling keeps
+a second fp32 tile live (each K block's product before its scales), which 128x256 tiles cannot
+afford. BLOCK_K is 128: blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kernels.common.fp8 import Granularity
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+
+PASSES = ("fwd", "dgrad", "wgrad")
+SMALL_AREA = 2048 * 2048
+
+TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
+    "BLOCK_M": (64, 128, 256),
+    "BLOCK_N": (64, 128, 256),
+    "BLOCK_K": (128,),
+    "GROUP_M": (1, 4, 8, 16),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+
+TUNED_TABLE: dict[str, dict[str, int]] = {
+    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+}
+
+
+def bucket(pass_name: str, rows: int, cols: int, granularity: Granularity) -> str:
+    """The tuned-table key of a pass whose output is [rows, cols]."""
+    key = f"{pass_name}/{'small' if rows * cols <= SMALL_AREA else 'large'}"
+    return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
+
+
+def config_for(pass_name: str, rows: int, cols: int, granularity: Granularity) -> TileConfig:
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, rows, cols, granularity))
+
+
+def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:
+    """Buckets a Linear layer's fwd+bwd step uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
+    granularity = Granularity(variant.split("-")[1])
+    M, N, K = dims["M"], dims["N"], dims["K"]
+    outputs = {"fwd": (M, N), "dgrad": (M, K), "wgrad": (N, K)}
+    return {bucket(p, *outputs[p], granularity) for p in PASSES}
+
+
+def fits(cfg: Mapping[str, int]) -> bool:
+    """Whether a config fits in shared memory (fp8 operands: 1 byte); the search skips the rest."""
+    return fits_shared_memory(cfg, element_size=1)

@@ -1,0 +1,179 @@
+"""gemm_fp8 against float64 by SNR: every format and granularity, both weight layouts, the TMA kernel
+(16-byte rows) and the pointer fallback (odd K), pre-quantized operands, poisoned outputs, bad input."""
+
+import itertools
+
+import pytest
+import torch
+
+from harness.snr import snr_db
+from kernels.common.fp8 import Float8Config, Format, Granularity
+from kernels.gemm_fp8 import Fp8Tensor, fp8_dgrad, fp8_forward, fp8_wgrad, gemm_fp8, quantize
+from kernels.gemm_fp8.tuning import TUNABLE_SPACE, TUNED_TABLE, buckets_for, config_for
+
+FLOOR_DB = {torch.float8_e4m3fn: 25.0, torch.float8_e5m2: 20.0}
+# (M, N, K): TMA-eligible but no dim a block multiple; then an odd K and N (pointer fallback).
+SHAPES = [(160, 144, 272), (97, 75, 200)]
+
+
+def reference(a, b, g, trans_b):
+    w = b.double().t() if trans_b else b.double()
+    a64 = a.double()
+    return a64 @ w, g.double() @ w.t(), (g.double().t() @ a64) if trans_b else (a64.t() @ g.double())
+
+
+def run_step(a, b, trans_b, config):
+    a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    out = gemm_fp8(a, b, trans_b=trans_b, config=config)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    return out, a.grad, b.grad, grad
+
+
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(("fmt", "gran"), list(itertools.product(Format, Granularity)),
+                         ids=lambda v: getattr(v, "value", v))
+def test_forward_and_backward_match_float64(mnk, fmt, gran, device, half_dtype):
+    M, N, K = mnk
+    torch.manual_seed(hash((mnk, fmt, gran)) % 2**31)
+    config = Float8Config(fmt, gran)
+    for trans_b in (True, False):
+        a = torch.randn(M, K, dtype=half_dtype, device=device)
+        b = torch.randn((N, K) if trans_b else (K, N), dtype=half_dtype, device=device)
+        out, da, db, grad = run_step(a, b, trans_b, config)
+        ref_out, ref_da, ref_db = reference(a, b, grad, trans_b)
+        assert out.dtype == half_dtype and da.shape == a.shape and db.shape == b.shape
+        assert snr_db(out, ref_out) >= FLOOR_DB[config.forward_dtype], trans_b
+        assert snr_db(da, ref_da) >= FLOOR_DB[config.grad_dtype], trans_b
+        assert snr_db(db, ref_db) >= FLOOR_DB[config.grad_dtype], trans_b
+
+
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_element_written_into_poisoned_buffers(mnk, device, half_dtype):
+    M, N, K = mnk
+    config = Float8Config(Format.HYBRID, Granularity.BLOCKWISE)
+    a, b = torch.randn(M, K, dtype=half_dtype, device=device), torch.randn(N, K, dtype=half_dtype, device=device)
+    g = torch.randn(M, N, dtype=half_dtype, device=device)
+    out, da, db = (torch.full(s, float("nan"), dtype=half_dtype, device=device) for s in ((M, N), (M, K), (N, K)))
+    weight = fp8_forward(a, b, True, config, out)
+    fp8_dgrad(g, b, True, config, da, weight)
+    fp8_wgrad(g, a, True, config, db)
+    for got, ref, fp8 in zip((out, da, db), reference(a, b, g, True), (torch.float8_e4m3fn, *[torch.float8_e5m2] * 2),
+                             strict=True):
+        assert torch.isfinite(got).all() and snr_db(got, ref) >= FLOOR_DB[fp8]
+
+
+@pytest.mark.parametrize("gran", list(Granularity), ids=lambda g: g.value)
+def test_a_weight_kept_in_fp8_gives_the_same_result_and_gradients_for_the_input(gran, device, half_dtype):
+    M, N, K = SHAPES[0]
+    torch.manual_seed(7)
+    config = Float8Config(Format.E4M3, gran)
+    a = torch.randn(M, K, dtype=half_dtype, device=device, requires_grad=True)
+    w = torch.randn(N, K, dtype=half_dtype, device=device)
+    w8 = quantize(w, torch.float8_e4m3fn, gran, weight=True)
+    out = gemm_fp8(a, w8, config=config)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref_out, ref_da, _ = reference(a.detach(), w, grad, True)
+    assert snr_db(out, ref_out) >= 25 and snr_db(a.grad, ref_da) >= 25
+    assert snr_db(w8.dequantize(torch.float32), w) >= 25  # the scales are what `dequantize` says they are
+    both = gemm_fp8(quantize(a.detach(), torch.float8_e4m3fn, gran), w8, config=config)
+    assert both.dtype == torch.bfloat16 and snr_db(both, ref_out) >= 25
+
+
+def test_an_fp8_activation_still_gives_the_weight_its_gradient(device, half_dtype):
+    M, N, K = SHAPES[0]
+    config = Float8Config(Format.E4M3, Granularity.ROWWISE)
+    a = torch.randn(M, K, dtype=half_dtype, device=device)
+    w = torch.randn(N, K, dtype=half_dtype, device=device, requires_grad=True)
+    out = gemm_fp8(quantize(a, torch.float8_e4m3fn, Granularity.ROWWISE), w, config=config)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    _, _, ref_db = reference(a, w.detach(), grad, True)
+    assert snr_db(w.grad, ref_db) >= 25
+
+
+def _fp8(shape, gran=Granularity.ROWWISE, scale_shape=None, dtype=torch.float8_e4m3fn):
+    data = torch.randn(shape).to(dtype)
+    return Fp8Tensor(data, torch.ones(scale_shape or (shape[0],), dtype=torch.float32), gran)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "kwargs", "match"),
+    [
+        (torch.randn(4, 8), torch.randn(6, 8), {}, "bf16/fp16"),
+        (torch.randn(4, 8).half(), torch.randn(6, 9).half(), {}, "inner dims differ"),
+        (torch.randn(4, 8).half(), torch.randn(6, 8).bfloat16(), {}, "share a dtype"),
+        (torch.randn(2, 4, 8).half(), torch.randn(6, 8).half(), {}, "2-D"),
+        (torch.randn(4, 8).half(), torch.randn(6, 8).half(), {"config": "e4m3"}, "Float8Config"),
+        (torch.randn(4, 8).half(), torch.randn(6, 8).half(), {"out_dtype": torch.int8}, "out_dtype"),
+        (torch.randn(4, 8).half(), _fp8((6, 8), scale_shape=(5,)), {}, r"b.scale must be float32 \[6\]"),
+        (torch.randn(4, 8).half(), _fp8((6, 8), dtype=torch.float8_e5m2), {}, "the config wants torch.float8_e4m3fn"),
+        (torch.randn(4, 8).half(), _fp8((6, 8), Granularity.BLOCKWISE), {}, "quantized blockwise"),
+        (torch.randn(4, 8).half(), _fp8((6, 8), scale_shape=(6,)), {"trans_b": False}, "trans_b=True"),
+        (_fp8((4, 8), Granularity.BLOCKWISE, (4, 2)), torch.randn(6, 8).half(),
+         {"config": Float8Config(granularity=Granularity.BLOCKWISE)}, r"a.scale must be float32 \[4, 1\]"),
+    ],
+)
+def test_bad_input_is_one_clear_value_error(a, b, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gemm_fp8(a, b, **kwargs)
+
+
+def test_tuned_table_lies_in_the_tunable_space_and_covers_every_pass():
+    for bucket in TUNED_TABLE:
+        assert set(TUNED_TABLE[bucket]) == set(TUNABLE_SPACE), bucket
+    dims = {"B": 1, "M": 8192, "N": 8192, "K": 8192}
+    for gran in Granularity:
+        for key in buckets_for(dims, f"e4m3-{gran.value}"):
+            assert key in TUNED_TABLE
+    assert config_for("fwd", 8192, 8192, Granularity.BLOCKWISE).BLOCK_K == 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("fmt", "gran"), list(itertools.product(Format, Granularity)),
+                         ids=lambda v: getattr(v, "value", v))
+@pytest.mark.parametrize("mnk", [(4096, 4096, 4096), (1000, 3000, 777)], ids=lambda s: "x".join(map(str, s)))
+def test_bf16_on_gpu(mnk, fmt, gran):
+    torch.manual_seed(0)
+    M, N, K = mnk
+    config = Float8Config(fmt, gran)
+    a = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
+    out, da, db, grad = run_step(a, b, True, config)
+    for got, ref, fp8 in zip((out, da, db), reference(a, b, grad, True),
+                             (config.forward_dtype, config.grad_dtype, config.grad_dtype), strict=True):
+        assert snr_db(got, ref) >= FLOOR_DB[fp8]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gran", list(Granularity), ids=lambda g: g.value)
+def test_a_captured_step_replays_like_eager(gran):
+    config = Float8Config(Format.HYBRID, gran)
+    a = torch.randn(1024, 512, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    b = torch.randn(768, 512, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    grad = torch.randn(1024, 768, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        a.grad = b.grad = None
+        out = gemm_fp8(a, b, config=config)
+        out.backward(grad)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+        grads = (a.grad, b.grad)
+    with torch.no_grad():
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    for got, want in zip((captured, *grads), (eager, a.grad, b.grad), strict=True):
+        assert torch.equal(got, want)  # the replay computes what eager mode computes on the new inputs
