@@ -7,6 +7,7 @@ from agent.proposers import ProposalContext
 from agent.proposers.search import SearchProposer, read_tuning, rewrite_table
 from harness.files import REPO_ROOT
 from kernels.gemm import tuning as gemm_tuning
+from kernels.gemm_fp8 import tuning as dense_fp8_tuning
 from kernels.grouped_gemm import tuning as grouped_tuning
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
 
@@ -62,6 +63,12 @@ def test_configs_that_do_not_fit_shared_memory_are_never_proposed(tmp_path):
     assert not fp8_tuning.fits(table["fwd/small"] | {"num_stages": 5})
 
 
-@pytest.mark.parametrize("tuning", [gemm_tuning, grouped_tuning, fp8_tuning])
+@pytest.mark.parametrize("tuning", [gemm_tuning, grouped_tuning, fp8_tuning, dense_fp8_tuning])
 def test_every_tuned_config_fits(tuning):
     assert all(tuning.fits(cfg) for cfg in tuning.TUNED_TABLE.values())
+
+
+def test_the_tma_store_tile_counts_against_shared_memory():
+    # The H100 refused both with the output tile staged for the TMA store (262 KB and 263 KB).
+    assert not gemm_tuning.fits(gemm_tuning.TUNED_TABLE["large"] | {"num_stages": 4})
+    assert not dense_fp8_tuning.fits(dense_fp8_tuning.TUNED_TABLE["fwd/large"] | {"num_stages": 4})

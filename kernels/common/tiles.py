@@ -34,10 +34,12 @@ def config_from_table(
     return TileConfig(**{f.name: cfg[f.name] for f in fields(TileConfig)})
 
 
-def fits_shared_memory(cfg: Mapping[str, int], element_size: int) -> bool:
-    """Whether a software-pipelined mainloop (an A and a B tile per stage) fits a Hopper SM's shared memory."""
+def fits_shared_memory(cfg: Mapping[str, int], element_size: int, out_element_size: int = 0) -> bool:
+    """Whether a software-pipelined mainloop (an A and a B tile per stage), plus the output tile a TMA
+    store stages (`out_element_size` bytes per element; 0 for direct stores), fits a Hopper SM's shared memory."""
     tile = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * element_size
-    return tile * cfg["num_stages"] <= SHARED_MEMORY_BYTES
+    epilogue = cfg["BLOCK_M"] * cfg["BLOCK_N"] * out_element_size
+    return tile * cfg["num_stages"] + epilogue <= SHARED_MEMORY_BYTES
 
 
 @triton.jit

@@ -49,5 +49,6 @@ def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether a config fits in shared memory (bf16/fp16 operands); the search skips the rest."""
-    return fits_shared_memory(cfg, element_size=2)
+    """Whether a config fits in shared memory (bf16/fp16 operands, a bf16 output tile staged for the TMA
+    store); the search skips the rest."""
+    return fits_shared_memory(cfg, element_size=2, out_element_size=2)

@@ -60,5 +60,6 @@ def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[s
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether a config fits in shared memory (fp8 operands: 1 byte); the search skips the rest."""
-    return fits_shared_memory(cfg, element_size=1)
+    """Whether a config fits in shared memory (fp8 operands: 1 byte; a bf16 output tile staged for the TMA
+    store); the search skips the rest."""
+    return fits_shared_memory(cfg, element_size=1, out_element_size=2)
