@@ -17,15 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
-from kernels.common.fp8 import BLOCK, FP8_MAX, Granularity, quantize_cols_t, quantize_rows
+from kernels.common.fp8 import BLOCK, Granularity, quantize_cols_t, quantize_rows
 from kernels.common.scales import Scales
 from kernels.gemm.kernel import launch_tma, tma_layout
 from kernels.gemm_fp8.tuning import config_for
 from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, row_scale_strides, vark_scale_strides
-
-FP8_DTYPES = tuple(FP8_MAX)
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Fp8Tensor:
             return (1,)
         if self.granularity == Granularity.ROWWISE:
             return (rows,)
-        return (-(-rows // BLOCK) if weight else rows, -(-k // BLOCK))
+        return (triton.cdiv(rows, BLOCK) if weight else rows, triton.cdiv(k, BLOCK))
 
     def check(self, name: str, fp8_dtype: torch.dtype, granularity: Granularity, weight: bool) -> None:
         """Refuse (ValueError) data or scales that do not match each other and the config."""
