@@ -75,6 +75,8 @@ def test_each_candidate_gets_its_verdict_for_the_right_reason(tmp_path, cheat):
 def test_a_hang_and_a_crash_end_as_error_rounds_and_the_campaign_goes_on(tmp_path):
     campaign = run_round(tmp_path, [HANG, CRASH, HONEST], compile_timeout_s=60, run_timeout_s=30)
     statuses = [(r.status, r.reason) for r in campaign.state.optimization_rounds()]
-    assert [s for s, _ in statuses] == ["ERROR", "ERROR", "ACCEPT"], statuses
+    # The third round is measured and decided like any other (its verdict on timing is the honest
+    # candidate's test above): the point here is that it runs at all.
+    assert [s for s, _ in statuses[:2]] == ["ERROR", "ERROR"] and statuses[2][0] in ("ACCEPT", "ROLLBACK"), statuses
     assert HANG.reason in statuses[0][1] and CRASH.reason in statuses[1][1]
     assert campaign.state.phase == "DONE"
