@@ -83,18 +83,18 @@ def passes(label: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, timer:
 BF16_SWEEP = [TileConfig(bm, bn, bk, 8, w, s) for bm, bn, bk, w, s in
               [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
                (128, 128, 64, 8, 5), (256, 128, 64, 8, 3), (128, 256, 32, 8, 5), (128, 128, 128, 8, 3)]]
-FP8_SWEEP = [TileConfig(bm, bn, 128, 8, w, s) for bm, bn, w, s in
-             [(128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 4), (128, 128, 8, 5), (128, 128, 4, 4),
-              (256, 128, 8, 3), (64, 256, 4, 4)]]
+FP8_SWEEP = [TileConfig(bm, bn, 128, 8, w, s, per_sm) for bm, bn, w, s, per_sm in
+             [(128, 256, 8, 3, 1), (128, 256, 8, 4, 1), (128, 128, 8, 4, 1), (128, 128, 8, 5, 1), (128, 128, 4, 4, 1),
+              (256, 128, 8, 3, 1), (64, 256, 4, 4, 1), (64, 128, 4, 3, 2), (64, 128, 4, 4, 2)]]
 
 
 def sweep(label: str, kind: str, a: torch.Tensor, b: torch.Tensor, timer: Timer) -> list[dict]:
-    """The forward under each config of the kind's sweep, with and without the split epilogue."""
+    """The forward under each config of the kind's sweep, with the tile loop flattened into the K loop and not."""
     M, K = a.shape
     N = b.shape[0]
     out = a.new_empty(M, N)
     if kind == "bf16":
-        configs, launch = BF16_SWEEP, lambda cfg, sub: launch_tma(a, b.t(), out, cfg, epilogue_subtile=sub)
+        configs, launch = BF16_SWEEP, lambda cfg, flat: launch_tma(a, b.t(), out, cfg, flatten=flat)
     else:
         gran = Granularity(kind)
         a8, b8 = fp8_operands(a, b, gran)
@@ -102,16 +102,16 @@ def sweep(label: str, kind: str, a: torch.Tensor, b: torch.Tensor, timer: Timer)
         scales = Scales(a8.scale, row_scale_strides(a8.scale, gran), w.scale, w.strides, w.out_div,
                         per_k_block=gran == Granularity.BLOCKWISE)
         configs = FP8_SWEEP
-        launch = lambda cfg, sub: launch_tma(a8.data, w.data[0].t(), out, cfg, scales, sub)  # noqa: E731
+        launch = lambda cfg, flat: launch_tma(a8.data, w.data[0].t(), out, cfg, scales, flat)  # noqa: E731
     rows = []
-    for cfg, sub in itertools.product(configs, (False, True)):
+    for cfg, flat in itertools.product(configs, (True, False)):
         try:
-            t = timer.time(lambda c=cfg, s=sub: launch(c, s)).median_ms
+            t = timer.time(lambda c=cfg, f=flat: launch(c, f)).median_ms
         except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
-            print(f"{kind} {cfg} subtile={sub}: {type(exc).__name__}: {str(exc)[:100]}")
+            print(f"{kind} {cfg} flatten={flat}: {type(exc).__name__}: {str(exc)[:100]}")
             continue
         rows.append({"label": label, "pass": f"sweep {kind} {cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K} "
-                     f"w{cfg.num_warps} s{cfg.num_stages}{' subtile' if sub else ''}",
+                     f"w{cfg.num_warps} s{cfg.num_stages} x{cfg.PROGRAMS_PER_SM} {'flat' if flat else 'nested'}",
                      "ours_ms": t, "ours_tflops": 2.0 * M * N * K / t / 1e9})
     return rows
 

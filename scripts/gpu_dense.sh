@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the dense GEMMs (issue 6): GPU tests, the per-pass anchors, the tile sweeps,
 # and the harness benches next to cuBLAS / torch._scaled_mm. Everything lands in $OUT/results.tgz.
-#   usage: scripts/gpu_dense.sh [sweep|bench|all]
+#   usage: scripts/gpu_dense.sh [sweep|bench|all|blockwise]   (blockwise: its tests, sweep and benches only)
 set -uo pipefail
 OUT=${OUT:-/tmp/turbo-opt-out}
 WORK=$(mktemp -d)
@@ -13,6 +13,15 @@ trap 'tar czf "$OUT/results.tgz" -C "$WORK" .' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
   | tee "$WORK/gpu.txt"
 python3 -m pytest -m gpu -q tests/test_gemm.py tests/test_gemm_fp8.py 2>&1 | tail -40 | tee "$WORK/pytest-gpu.log"
+if [ "$what" = blockwise ]; then
+  python3 benchmarks/dense_passes.py --shapes square --only 8192 --sweep blockwise --repeats 10 \
+    --csv "$WORK/sweep-blockwise.csv" 2>&1 | tee "$WORK/sweep-blockwise.log"
+  timeout 120 python3 benchmarks/dense_passes.py --shapes square --repeats 10 --csv "$WORK/passes-square.csv" \
+    2>&1 | tee "$WORK/passes-square.log"
+  timeout 90 python3 -m agent bench --op gemm_fp8 --variant e4m3-blockwise --shapes square --compare-baselines \
+    --summary-csv "$WORK/fp8-e4m3-blockwise-square.csv" 2>&1 | tee "$WORK/bench-fp8-blockwise-square.log"
+  exit 0
+fi
 if [ "$what" != bench ]; then
   for kind in bf16 rowwise blockwise; do
     python3 benchmarks/dense_passes.py --shapes square --only 8192 --sweep "$kind" --repeats 10 \

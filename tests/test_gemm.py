@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from harness.snr import snr_db
-from kernels.common.device import default_device
-from kernels.common.tiles import TileConfig, config_from_table
+from kernels.common.device import SHARED_MEMORY_BYTES, default_device
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
 from kernels.gemm import gemm, gemm_backward, gemm_forward
 from kernels.gemm.kernel import tma_layout
 from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, config_for, shape_bucket
@@ -114,6 +114,19 @@ def test_tuned_table_lies_in_the_tunable_space():
     with pytest.raises(ValueError, match="outside the tunable space"):
         config_from_table({"odd": TUNED_TABLE["small"] | {"BLOCK_M": 48}}, TUNABLE_SPACE, "odd")
     assert isinstance(config_for(100, 100, 100), TileConfig)
+
+
+def test_programs_per_sm_defaults_to_one_and_counts_twice_in_shared_memory():
+    cfg = TUNED_TABLE["large"]
+    assert config_from_table({"b": cfg}, TUNABLE_SPACE, "b").PROGRAMS_PER_SM == 1
+    with pytest.raises(ValueError, match="PROGRAMS_PER_SM=2 is outside"):
+        config_from_table({"b": cfg | {"PROGRAMS_PER_SM": 2}}, TUNABLE_SPACE, "b")
+    two = config_from_table({"b": cfg | {"PROGRAMS_PER_SM": 2}}, TUNABLE_SPACE | {"PROGRAMS_PER_SM": (1, 2)}, "b")
+    assert two.PROGRAMS_PER_SM == 2
+    one_program = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * 2 * cfg["num_stages"]
+    assert one_program <= SHARED_MEMORY_BYTES < 2 * one_program
+    assert fits_shared_memory(cfg, element_size=2)
+    assert not fits_shared_memory(cfg | {"PROGRAMS_PER_SM": 2}, element_size=2)
 
 
 @pytest.mark.gpu

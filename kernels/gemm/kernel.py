@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.common.device import check_same_device, interpreter_mode
+from kernels.common.device import check_same_device, persistent_programs
 from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.gemm.tuning import config_for
@@ -40,14 +40,14 @@ def _matmul_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr,
+    FLATTEN: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
 ):
     """A K-major is stored [M, K] (else [K, M]); B K-major is stored [N, K] (else [K, N])."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
@@ -74,13 +74,7 @@ def _matmul_tma_kernel(
             sa = tl.load(sa_ptr + rows * stride_sam, mask=rows < M, other=0.0)
             sb = tl.load(sb_ptr + (cols // SB_OUT_DIV) * stride_sbn, mask=cols < N, other=0.0)
             acc = acc * sa[:, None] * sb[None, :]
-        if EPILOGUE_SUBTILE:  # two half-width stores: half the epilogue's shared memory, left to the mainloop
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            left, right = tl.split(halves)
-            c_desc.store([row0, col0], left.to(c_desc.dtype))
-            c_desc.store([row0, col0 + BLOCK_N // 2], right.to(c_desc.dtype))
-        else:
-            c_desc.store([row0, col0], acc.to(c_desc.dtype))
+        c_desc.store([row0, col0], acc.to(c_desc.dtype))
 
 
 @triton.jit
@@ -136,12 +130,6 @@ def tma_layout(t: torch.Tensor) -> bool | None:
     return None
 
 
-def _num_programs(device: torch.device, tiles: int) -> int:
-    if interpreter_mode() or device.type != "cuda":
-        return max(1, min(tiles, 4))  # a few, so that the interpreter walks several tiles per program
-    return max(1, min(tiles, torch.cuda.get_device_properties(device).multi_processor_count))
-
-
 def _descriptor(t: torch.Tensor, k_major: bool, rows_block: int, k_block: int) -> TensorDescriptor:
     """A descriptor over the operand's storage: [rows, K] when K-major, else [K, rows]."""
     base = t if k_major else t.t()
@@ -151,28 +139,33 @@ def _descriptor(t: torch.Tensor, k_major: bool, rows_block: int, k_block: int) -
 
 def launch_tma(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: TileConfig, scales: Scales | None = None,
-    epilogue_subtile: bool = False,
+    flatten: bool | None = None,
 ) -> torch.Tensor:
-    """`out = a @ b` (times the scales) on the TMA kernel; every tensor must pass `tma_layout`, out row-major."""
+    """`out = a @ b` (times the scales) on the TMA kernel; every tensor must pass `tma_layout`, out row-major.
+
+    `flatten` merges the tile loop into the K loop, so that the next tile's loads overlap this tile's
+    epilogue. By default on, except under per-K-block promotion, where it measured 5-15% slower
+    (H100/H200, docs/performance.md).
+    """
     (M, K), N = a.shape, b.shape[1]
     a_k_major, b_k_major = tma_layout(a), not tma_layout(b)
-    if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
+    per_k_block = scales is not None and scales.per_k_block
+    if per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    programs = _num_programs(a.device, tiles)
+    programs = persistent_programs(a.device, tiles, cfg.PROGRAMS_PER_SM)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
-    out_block = [cfg.BLOCK_M, cfg.BLOCK_N // 2 if epilogue_subtile else cfg.BLOCK_N]
     _matmul_tma_kernel[(programs,)](
         _descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),
         _descriptor(b.t(), b_k_major, cfg.BLOCK_N, cfg.BLOCK_K),
-        TensorDescriptor(out, list(out.shape), list(out.stride()), out_block),
+        TensorDescriptor(out, list(out.shape), list(out.stride()), [cfg.BLOCK_M, cfg.BLOCK_N]),
         s.a, s.b,
         M, N, K,
         *s.a_strides, *s.b_strides[1:],
         A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major,
         SCALE=SCALE_NONE if scales is None else scales.mode, SB_OUT_DIV=s.b_out_div,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        EPILOGUE_SUBTILE=epilogue_subtile, NUM_PROGRAMS=programs,
+        FLATTEN=not per_k_block if flatten is None else flatten, NUM_PROGRAMS=programs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

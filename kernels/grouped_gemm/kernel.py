@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.device import interpreter_mode
+from kernels.common.device import persistent_programs
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 
@@ -141,12 +141,6 @@ def _grouped_mm_vark_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=p_mask[:, None] & q_mask[None, :])
 
 
-def _num_programs(device: torch.device, max_tiles: int) -> int:
-    if interpreter_mode() or device.type != "cuda":
-        return max(1, min(max_tiles, 4))
-    return max(1, min(max_tiles, torch.cuda.get_device_properties(device).multi_processor_count))
-
-
 def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
     scales: Scales | None = None,
@@ -159,7 +153,7 @@ def grouped_mm(
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
     max_tiles = (triton.cdiv(M, cfg.BLOCK_M) + G) * triton.cdiv(N, cfg.BLOCK_N)
-    programs = _num_programs(a.device, max_tiles)
+    programs = persistent_programs(a.device, max_tiles, cfg.PROGRAMS_PER_SM)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     mode = SCALE_NONE if scales is None else scales.mode
     _grouped_mm_kernel[(programs,)](
