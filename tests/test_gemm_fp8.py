@@ -10,6 +10,7 @@ from harness.snr import snr_db
 from kernels.common.fp8 import Float8Config, Format, Granularity
 from kernels.gemm_fp8 import Fp8Tensor, fp8_dgrad, fp8_forward, fp8_wgrad, gemm_fp8, quantize
 from kernels.gemm_fp8.tuning import TUNABLE_SPACE, TUNED_TABLE, buckets_for, config_for
+from tests.graph_replay import replay_and_eager
 
 FLOOR_DB = {torch.float8_e4m3fn: 25.0, torch.float8_e5m2: 20.0}
 # (M, N, K): TMA-eligible but no dim a block multiple; then an odd K and N (pointer fallback).
@@ -158,22 +159,8 @@ def test_a_captured_step_replays_like_eager(gran):
         a.grad = b.grad = None
         out = gemm_fp8(a, b, config=config)
         out.backward(grad)
-        return out
+        return out, a.grad, b.grad
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up (compiles) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-        grads = (a.grad, b.grad)
-    with torch.no_grad():
-        a.copy_(torch.randn_like(a))
-        b.copy_(torch.randn_like(b))
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = step()
-    for got, want in zip((captured, *grads), (eager, a.grad, b.grad), strict=True):
+    replayed, eager = replay_and_eager(step, (a, b))
+    for got, want in zip(replayed, eager, strict=True):
         assert torch.equal(got, want)  # the replay computes what eager mode computes on the new inputs

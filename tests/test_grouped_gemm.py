@@ -9,6 +9,7 @@ from kernels.grouped_gemm import group_offsets, grouped_gemm
 from kernels.grouped_gemm.tuning import TUNABLE_SPACE, TUNED_TABLE
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
+from tests.graph_replay import replay_and_eager
 from tests.grouped_reference import grouped_reference
 
 # Router-made splits: uniform, one expert with >= 50%, empty groups, odd sizes (none a block multiple).
@@ -142,25 +143,11 @@ def test_gpu_step_under_cuda_graph_replays_the_same_result(variant):
         a.grad = b.grad = None
         out = op()
         out.backward(grad_out)
-        return out
+        return out, a.grad, b.grad
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up (compiles) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-        grads = (a.grad, b.grad)
-    with torch.no_grad():
-        a.copy_(torch.randn_like(a))
-        b.copy_(torch.randn_like(b))
-    graph.replay()
-    torch.cuda.synchronize()
-    eager_out = step()
+    replayed, eager = replay_and_eager(step, (a, b))
     ref = grouped_reference(a, b, lens, grad_out, True)
     floor = 40 if variant == "bf16" else 20
-    for got, eager, want in zip((out, *grads), (eager_out, a.grad, b.grad), ref, strict=True):
-        assert torch.equal(got, eager)  # the replay computes what eager mode computes
+    for got, eager_t, want in zip(replayed, eager, ref, strict=True):
+        assert torch.equal(got, eager_t)  # the replay computes what eager mode computes
         assert snr_db(got, want) > floor

@@ -36,14 +36,15 @@ def _quantized_rows(x: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granul
     return Fp8Tensor(*quantize_rows(x, fp8_dtype, granularity), granularity)
 
 
-def fp8_forward(a: torch.Tensor, b: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
-                weight: QuantizedWeight | None = None) -> QuantizedWeight:
-    """out = a @ op(b) in FP8, quantizing both (or reading `weight`, already quantized); returns the
-    quantized weight (its 128x128 blocks serve the dgrad)."""
+def fp8_forward(a: torch.Tensor | Fp8Tensor, b: torch.Tensor | None, trans_b: bool, config: Float8Config,
+                out: torch.Tensor, weight: QuantizedWeight | None = None) -> QuantizedWeight:
+    """out = a @ op(b) in FP8, quantizing what is not quantized yet (`a` may be an Fp8Tensor, `weight`
+    the already-quantized b); returns the quantized weight (its 128x128 blocks serve the dgrad)."""
     gran = config.granularity
     # Stored [N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
     weight = weight or QuantizedWeight.quantize(b[None], not trans_b, config.forward_dtype, gran)
-    fp8_rows_times_weight("fwd", _quantized_rows(a, config.forward_dtype, gran), weight, out)
+    a_q = a if isinstance(a, Fp8Tensor) else _quantized_rows(a, config.forward_dtype, gran)
+    fp8_rows_times_weight("fwd", a_q, weight, out)
     return weight
 
 
@@ -73,11 +74,7 @@ class _GemmFp8(torch.autograd.Function):
         device = a.device if a is not None else a_fp8.data.device
         out = torch.empty((rows, cols), dtype=out_dtype, device=device)
         weight = weight_operand(b_fp8, reduce_over_n=False) if b_fp8 is not None else None
-        if a_fp8 is not None:
-            weight = weight or QuantizedWeight.quantize(b[None], not trans_b, config.forward_dtype, config.granularity)
-            fp8_rows_times_weight("fwd", a_fp8, weight, out)
-        else:
-            weight = fp8_forward(a, b, trans_b, config, out, weight)
+        weight = fp8_forward(a if a_fp8 is None else a_fp8, b, trans_b, config, out, weight)
         ctx.save_for_backward(a, b)
         ctx.a_fp8, ctx.b_fp8, ctx.trans_b, ctx.config = a_fp8, b_fp8, trans_b, config
         ctx.forward_weight = weight
