@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from harness.snr import snr_db
-from kernels.common.device import SHARED_MEMORY_BYTES, default_device
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+from kernels.common.device import default_device
+from kernels.common.tiles import TileConfig, config_from_table
+from kernels.common.tma import stack_tma_layout, tma_layout
 from kernels.gemm import gemm, gemm_backward, gemm_forward
-from kernels.gemm.kernel import tma_layout
 from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, config_for, shape_bucket
 
 # (M, N, K): none divisible by the blocks, a long K, a single row (the pointer kernel); then shapes
@@ -106,6 +106,14 @@ def test_tma_layout_names_the_contiguous_dim_or_refuses():
     assert tma_layout(t[::2, ::2]) is None  # no unit stride
 
 
+def test_stack_tma_layout_names_the_contiguous_dim_or_refuses():
+    b = torch.empty(3, 64, 96, dtype=torch.float16)
+    assert stack_tma_layout(b) is True and stack_tma_layout(b.transpose(1, 2)) is False
+    assert stack_tma_layout(torch.empty(3, 64, 61, dtype=torch.float16)) is None  # 122-byte rows
+    assert stack_tma_layout(b[:, :, 1:]) is None  # a base 2 bytes off alignment
+    assert stack_tma_layout(torch.empty(3, 64, 4, dtype=torch.float16)) is None  # 8-byte rows
+
+
 def test_tuned_table_lies_in_the_tunable_space():
     for bucket, cfg in TUNED_TABLE.items():
         config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket)  # raises if a knob is outside the space
@@ -115,18 +123,6 @@ def test_tuned_table_lies_in_the_tunable_space():
         config_from_table({"odd": TUNED_TABLE["small"] | {"BLOCK_M": 48}}, TUNABLE_SPACE, "odd")
     assert isinstance(config_for(100, 100, 100), TileConfig)
 
-
-def test_programs_per_sm_defaults_to_one_and_counts_twice_in_shared_memory():
-    cfg = TUNED_TABLE["large"]
-    assert config_from_table({"b": cfg}, TUNABLE_SPACE, "b").PROGRAMS_PER_SM == 1
-    with pytest.raises(ValueError, match="PROGRAMS_PER_SM=2 is outside"):
-        config_from_table({"b": cfg | {"PROGRAMS_PER_SM": 2}}, TUNABLE_SPACE, "b")
-    two = config_from_table({"b": cfg | {"PROGRAMS_PER_SM": 2}}, TUNABLE_SPACE | {"PROGRAMS_PER_SM": (1, 2)}, "b")
-    assert two.PROGRAMS_PER_SM == 2
-    one_program = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * 2 * cfg["num_stages"]
-    assert one_program <= SHARED_MEMORY_BYTES < 2 * one_program
-    assert fits_shared_memory(cfg, element_size=2)
-    assert not fits_shared_memory(cfg | {"PROGRAMS_PER_SM": 2}, element_size=2)
 
 
 @pytest.mark.gpu

@@ -19,12 +19,12 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def persistent_programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    """Programs of a persistent grid: `per_sm` per SM, no more than the tiles; a few under the interpreter,
+def persistent_programs(device: torch.device, tiles: int) -> int:
+    """Programs of a persistent grid: one per SM, no more than the tiles; a few under the interpreter,
     so that each program walks several tiles there too."""
     if interpreter_mode() or device.type != "cuda":
         return max(1, min(tiles, 4))
-    return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(tiles, torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 # Shared memory a Hopper (sm_90) block can have: 227 KiB.

@@ -5,7 +5,7 @@ tile order."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 
 import triton
 import triton.language as tl
@@ -15,42 +15,31 @@ from kernels.common.device import SHARED_MEMORY_BYTES
 
 @dataclass(frozen=True)
 class TileConfig:
-    """A launch config. PROGRAMS_PER_SM sizes a persistent grid: 2 lets two small programs share an SM
-    and hide each other's stalls (each program's scale promotion behind the other's MMAs)."""
-
     BLOCK_M: int
     BLOCK_N: int
     BLOCK_K: int
     GROUP_M: int
     num_warps: int
     num_stages: int
-    PROGRAMS_PER_SM: int = 1
 
 
 def config_from_table(
     table: Mapping[str, Mapping[str, int]], space: Mapping[str, tuple[int, ...]], bucket: str
 ) -> TileConfig:
-    """The table's config for `bucket`, refused if a knob is missing or outside the tunable space; a knob
-    with a default (PROGRAMS_PER_SM) may be left out of both."""
+    """The table's config for `bucket`, refused if a knob is missing or outside the tunable space."""
     cfg = table[bucket]
-    values = {}
-    for f in fields(TileConfig):
-        has_default = f.default is not MISSING
-        value = cfg.get(f.name, f.default if has_default else None)
-        allowed = space.get(f.name, (f.default,) if has_default else ())
-        if value not in allowed:
-            raise ValueError(f"tuned table {bucket}: {f.name}={value} is outside the tunable space {allowed}")
-        values[f.name] = value
-    return TileConfig(**values)
+    for knob in (f.name for f in fields(TileConfig)):
+        if cfg.get(knob) not in space[knob]:
+            raise ValueError(f"tuned table {bucket}: {knob}={cfg.get(knob)} is outside the tunable space {space[knob]}")
+    return TileConfig(**{f.name: cfg[f.name] for f in fields(TileConfig)})
 
 
 def fits_shared_memory(cfg: Mapping[str, int], element_size: int, out_element_size: int = 0) -> bool:
     """Whether a software-pipelined mainloop (an A and a B tile per stage), plus the output tile a TMA
-    store stages (`out_element_size` bytes per element; 0 for direct stores), fits a Hopper SM's shared
-    memory, PROGRAMS_PER_SM times over."""
+    store stages (`out_element_size` bytes per element; 0 for direct stores), fits a Hopper SM's shared memory."""
     tile = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * element_size
     epilogue = cfg["BLOCK_M"] * cfg["BLOCK_N"] * out_element_size
-    return (tile * cfg["num_stages"] + epilogue) * cfg.get("PROGRAMS_PER_SM", 1) <= SHARED_MEMORY_BYTES
+    return tile * cfg["num_stages"] + epilogue <= SHARED_MEMORY_BYTES
 
 
 @triton.jit

@@ -21,6 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.common.device import check_same_device, persistent_programs
 from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
+from kernels.common.tma import tma_layout
 from kernels.gemm.tuning import config_for
 
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -116,20 +117,6 @@ def _matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def tma_layout(t: torch.Tensor) -> bool | None:
-    """Whether TMA can read 2-D `t`: True if its rows are contiguous, False if its columns are, None if
-    neither or if its base or its other stride is not a multiple of 16 bytes."""
-    if t.data_ptr() % 16:
-        return None
-    for contiguous_dim in (1, 0):
-        if t.stride(contiguous_dim) == 1:
-            other = t.stride(1 - contiguous_dim)
-            extent = t.shape[contiguous_dim] * t.element_size()
-            if (other * t.element_size()) % 16 == 0 and extent >= 16:
-                return contiguous_dim == 1
-    return None
-
-
 def _descriptor(t: torch.Tensor, k_major: bool, rows_block: int, k_block: int) -> TensorDescriptor:
     """A descriptor over the operand's storage: [rows, K] when K-major, else [K, rows]."""
     base = t if k_major else t.t()
@@ -153,7 +140,7 @@ def launch_tma(
     if per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    programs = persistent_programs(a.device, tiles, cfg.PROGRAMS_PER_SM)
+    programs = persistent_programs(a.device, tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     _matmul_tma_kernel[(programs,)](
         _descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),

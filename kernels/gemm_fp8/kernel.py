@@ -21,7 +21,8 @@ import triton
 
 from kernels.common.fp8 import BLOCK, Granularity, quantize_cols_t, quantize_rows
 from kernels.common.scales import Scales
-from kernels.gemm.kernel import launch_tma, tma_layout
+from kernels.common.tma import tma_layout
+from kernels.gemm.kernel import launch_tma
 from kernels.gemm_fp8.tuning import config_for
 from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, row_scale_strides, vark_scale_strides

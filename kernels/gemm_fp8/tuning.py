@@ -3,8 +3,7 @@
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
 Buckets by output area (small up to 2048 x 2048), with a `/blockwise` twin: blockwise scaling keeps
 a second fp32 tile live (each K block's product before its scales), which 128x256 tiles cannot
-afford; large blockwise products run two 64-row programs per SM, so that one's promotion overlaps
-the other's MMAs. BLOCK_K is 128: blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
+afford. BLOCK_K is 128: blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
 """
 
 from __future__ import annotations
@@ -24,22 +23,21 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "GROUP_M": (1, 4, 8, 16),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4, 5),
-    "PROGRAMS_PER_SM": (1, 2),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
-    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "PROGRAMS_PER_SM": 1},
-    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
-    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "PROGRAMS_PER_SM": 1},
-    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
-    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "PROGRAMS_PER_SM": 1},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
-    "fwd/large/blockwise": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 2},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
-    "dgrad/large/blockwise": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 2},
-    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
-    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "PROGRAMS_PER_SM": 1},
+    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
 }
 
 

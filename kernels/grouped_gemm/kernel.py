@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.common.device import persistent_programs
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
+from kernels.common.tma import stack_tma_layout, tma_layout
 
 
 @triton.jit
@@ -77,6 +79,70 @@ def _grouped_mm_kernel(
                 sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
                 acc = acc * sa[:, None] * sb[None, :]
             c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+            tile += NUM_PROGRAMS
+        tiles_before += tiles_g
+
+
+@triton.jit
+def _grouped_mm_tma_kernel(
+    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
+    G, N, K,
+    stride_cm,
+    stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+    B_K_MAJOR: tl.constexpr,
+    SB_OUT_DIV: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
+    """_grouped_mm_kernel with A and B read through tensor descriptors (TMA).
+
+    A [M, K] is one 2-D descriptor: a tile may run past its group's last row into the next group's
+    rows, which only feed output rows the masked store drops. B is a 3-D [G, rows, cols] descriptor,
+    so the copy engine zero-fills at each group's own edges; B_K_MAJOR: stored [G, N, K], else [G, K, N].
+    """
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tile = pid
+    tiles_before = 0
+    for g in range(G):
+        start = tl.load(offs_ptr + g)
+        end = tl.load(offs_ptr + g + 1)
+        num_m = tl.cdiv((end - start).to(tl.int32), BLOCK_M)
+        tiles_g = num_m * num_n
+        while tile < tiles_before + tiles_g:
+            pid_m, pid_n = grouped_tile(tile - tiles_before, num_m, num_n, GROUP_M)
+            row0 = start.to(tl.int32) + pid_m * BLOCK_M
+            col0 = pid_n * BLOCK_N
+            rows = row0 + tl.arange(0, BLOCK_M)
+            cols = col0 + tl.arange(0, BLOCK_N)
+            row_mask = rows < end
+            col_mask = cols < N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kb in range(k_tiles):
+                k0 = kb * BLOCK_K
+                a = a_desc.load([row0, k0])
+                if B_K_MAJOR:
+                    b = b_desc.load([g, col0, k0]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([g, k0, col0]).reshape(BLOCK_K, BLOCK_N)
+                if SCALE == 2:  # blockwise: promote each K block's product with its own scales
+                    sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
+                    sb_g = sb_ptr + g * stride_sbg + kb * stride_sbk
+                    if SB_OUT_DIV % BLOCK_N == 0:  # the tile lies in one 128-wide weight block: one scale
+                        acc += tl.dot(a, b) * (sa * tl.load(sb_g + (col0 // SB_OUT_DIV) * stride_sbn))[:, None]
+                    else:
+                        sb = tl.load(sb_g + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
+                        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+                else:
+                    acc = tl.dot(a, b, acc)
+            if SCALE == 1:
+                sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0)
+                sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
+                acc = acc * sa[:, None] * sb[None, :]
+            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
             tile += NUM_PROGRAMS
         tiles_before += tiles_g
@@ -145,7 +211,10 @@ def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
     scales: Scales | None = None,
 ) -> torch.Tensor:
-    """out[rows_g] = a[rows_g] @ b[g]^T: a [M, K] with contiguous rows, b [G, N, K] any strides."""
+    """out[rows_g] = a[rows_g] @ b[g]^T: a [M, K] with contiguous rows, b [G, N, K] any strides.
+
+    Runs the TMA kernel when the operands meet TMA's 16-byte rules (tma_layout, stack_tma_layout), else
+    the pointer kernel."""
     (M, K), (G, N, _) = a.shape, b.shape
     if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
@@ -153,17 +222,31 @@ def grouped_mm(
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
     max_tiles = (triton.cdiv(M, cfg.BLOCK_M) + G) * triton.cdiv(N, cfg.BLOCK_N)
-    programs = persistent_programs(a.device, max_tiles, cfg.PROGRAMS_PER_SM)
+    programs = persistent_programs(a.device, max_tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     mode = SCALE_NONE if scales is None else scales.mode
+    launch = dict(SB_OUT_DIV=s.b_out_div, SCALE=mode, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                  BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=programs,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    b_k_major = stack_tma_layout(b)
+    if tma_layout(a) is True and b_k_major is not None:
+        b_stored = b if b_k_major else b.transpose(1, 2)
+        b_block = [1, cfg.BLOCK_N, cfg.BLOCK_K] if b_k_major else [1, cfg.BLOCK_K, cfg.BLOCK_N]
+        _grouped_mm_tma_kernel[(programs,)](
+            TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K]),
+            TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block),
+            out, offs, s.a, s.b,
+            G, N, K,
+            out.stride(0), *s.a_strides, *s.b_strides,
+            B_K_MAJOR=b_k_major, **launch,
+        )
+        return out
     _grouped_mm_kernel[(programs,)](
         a, b, out, offs, s.a, s.b,
         G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
-        SB_OUT_DIV=s.b_out_div, SCALE=mode,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch,
     )
     return out
 

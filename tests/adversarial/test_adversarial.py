@@ -1,5 +1,6 @@
 """Every cheat goes through a real campaign round (VALIDATE in a subprocess, under the interpreter)
-in a fresh clone, and must be rejected for its own reason; the honest change must be accepted."""
+in a fresh clone, and must be rejected for its own reason; the honest change must be accepted (its
+round run again while only interpreter timing noise stands in its way)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,12 @@ def run_round(tmp_path: Path, patches: list[Candidate], **manifest_fields) -> Ca
     return campaign
 
 
-@pytest.mark.parametrize("cheat", [*CHEATS, HONEST], ids=lambda c: c.name)
-def test_each_candidate_gets_its_verdict_for_the_right_reason(tmp_path, cheat):
+# Verdicts on timing alone (agent/scoring.py), as opposed to a cheat check firing.
+TIMING_VERDICTS = ("regressed", "slower than the best", "overfit", "not reproducible", "ineffective")
+
+
+@pytest.mark.parametrize("cheat", CHEATS, ids=lambda c: c.name)
+def test_each_cheat_is_rejected_for_its_own_reason(tmp_path, cheat):
     campaign = run_round(tmp_path, [cheat])
     (record,) = campaign.state.optimization_rounds()
     assert record.status == cheat.status, record.reason
@@ -72,11 +77,29 @@ def test_each_candidate_gets_its_verdict_for_the_right_reason(tmp_path, cheat):
     assert repo.head.commit.hexsha == campaign.state.best_commit
 
 
+def test_the_honest_change_is_accepted(tmp_path):
+    """Interpreter timings on a small shared CPU swing by up to 2x for seconds at a time, which can
+    outvote a 1.4x change even with the best re-measured next to it. So the round is run again (up to
+    three times, each in a fresh clone), as long as only a timing verdict stood in its way; a cheat
+    check firing on the honest change fails at once."""
+    reasons = []
+    for attempt in range(3):
+        campaign = run_round(tmp_path / f"attempt{attempt}", [HONEST])
+        (record,) = campaign.state.optimization_rounds()
+        if record.status == "ACCEPT":
+            break
+        assert any(verdict in record.reason for verdict in TIMING_VERDICTS), record.reason
+        reasons.append(record.reason)
+    assert record.status == "ACCEPT", reasons
+    assert HONEST.reason in record.reason, record.reason
+    assert git.Repo(campaign.root).head.commit.hexsha == campaign.state.best_commit
+
+
 def test_a_hang_and_a_crash_end_as_error_rounds_and_the_campaign_goes_on(tmp_path):
     campaign = run_round(tmp_path, [HANG, CRASH, HONEST], compile_timeout_s=60, run_timeout_s=30)
     statuses = [(r.status, r.reason) for r in campaign.state.optimization_rounds()]
-    # The third round is measured and decided like any other (its verdict on timing is the honest
-    # candidate's test above): the point here is that it runs at all.
+    # The third round is measured and decided like any other (its verdict on timing is
+    # test_the_honest_change_is_accepted's business): the point here is that it runs at all.
     assert [s for s, _ in statuses[:2]] == ["ERROR", "ERROR"] and statuses[2][0] in ("ACCEPT", "ROLLBACK"), statuses
     assert HANG.reason in statuses[0][1] and CRASH.reason in statuses[1][1]
     assert campaign.state.phase == "DONE"
