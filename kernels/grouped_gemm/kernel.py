@@ -1,5 +1,6 @@
-"""Grouped GEMM kernels for MoE experts: one M-grouped kernel (forward and dgrad) and one K-grouped
-kernel (the variable-K wgrad), shared by the bf16 op and the FP8 op.
+"""Grouped GEMM kernels for MoE experts: one M-grouped kernel (forward and dgrad; tensor descriptors
+where TMA can read the operands, pointers elsewhere) and one K-grouped kernel (the variable-K
+wgrad), shared by the bf16 op and the FP8 op.
 
 Group g owns rows [offs[g], offs[g+1]) of the token-major tensors. `offs` stays on the device: no
 host sync, so every launch is CUDA-graph safe and nothing is specialized on group sizes. Operand
@@ -24,10 +25,12 @@ from kernels.common.tma import stack_tma_layout, tma_layout
 
 @triton.jit
 def _grouped_mm_kernel(
-    a_ptr, b_ptr, c_ptr, offs_ptr, sa_ptr, sb_ptr,
+    a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
     G, N, K,
     stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
     stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+    TMA: tl.constexpr,
+    B_K_MAJOR: tl.constexpr,
     SB_OUT_DIV: tl.constexpr,
     SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -37,74 +40,14 @@ def _grouped_mm_kernel(
 
     Persistent: NUM_PROGRAMS programs walk the tiles of all groups in order, so the tile count
     (which depends on the group sizes) is never needed on the host; empty groups have no tiles.
+
+    TMA: A and B are read through tensor descriptors. A is one [M, K] descriptor: a tile may run past
+    its group's last row into the next group's rows, which only feed output rows the masked store
+    drops. B is a 3-D descriptor, so the copy engine zero-fills at each group's own edges; B_K_MAJOR:
+    stored [G, N, K], else [G, K, N]. Otherwise masked pointer loads through the strides.
     """
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    tile = pid
-    tiles_before = 0
-    for g in range(G):
-        start = tl.load(offs_ptr + g)
-        end = tl.load(offs_ptr + g + 1)
-        num_m = tl.cdiv((end - start).to(tl.int32), BLOCK_M)
-        tiles_g = num_m * num_n
-        while tile < tiles_before + tiles_g:
-            local = tile - tiles_before
-            pid_m, pid_n = grouped_tile(local, num_m, num_n, GROUP_M)
-
-            rows = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            row_mask = rows < end
-            col_mask = cols < N
-            offs_k = tl.arange(0, BLOCK_K)
-            a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
-            # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
-            b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
-            b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(0, tl.cdiv(K, BLOCK_K)):
-                k_mask = offs_k < K - kb * BLOCK_K
-                a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
-                if SCALE == 2:
-                    sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
-                    sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn + kb * stride_sbk,
-                                 mask=col_mask, other=0.0)
-                    acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
-                else:
-                    acc = tl.dot(a, b, acc)
-                a_ptrs += BLOCK_K
-                b_ptrs += BLOCK_K * stride_bk
-            if SCALE == 1:
-                sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0)
-                sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
-                acc = acc * sa[:, None] * sb[None, :]
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
-            tile += NUM_PROGRAMS
-        tiles_before += tiles_g
-
-
-@triton.jit
-def _grouped_mm_tma_kernel(
-    a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
-    G, N, K,
-    stride_cm,
-    stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-    B_K_MAJOR: tl.constexpr,
-    SB_OUT_DIV: tl.constexpr,
-    SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,
-):
-    """_grouped_mm_kernel with A and B read through tensor descriptors (TMA).
-
-    A [M, K] is one 2-D descriptor: a tile may run past its group's last row into the next group's
-    rows, which only feed output rows the masked store drops. B is a 3-D [G, rows, cols] descriptor,
-    so the copy engine zero-fills at each group's own edges; B_K_MAJOR: stored [G, N, K], else [G, K, N].
-    """
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
     tile = pid
     tiles_before = 0
     for g in range(G):
@@ -114,20 +57,31 @@ def _grouped_mm_tma_kernel(
         tiles_g = num_m * num_n
         while tile < tiles_before + tiles_g:
             pid_m, pid_n = grouped_tile(tile - tiles_before, num_m, num_n, GROUP_M)
-            row0 = start.to(tl.int32) + pid_m * BLOCK_M
+            row0 = start + pid_m * BLOCK_M
             col0 = pid_n * BLOCK_N
             rows = row0 + tl.arange(0, BLOCK_M)
             cols = col0 + tl.arange(0, BLOCK_N)
             row_mask = rows < end
             col_mask = cols < N
+            offs_k = tl.arange(0, BLOCK_K)
+            a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+            # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
+            b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
+            b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(k_tiles):
-                k0 = kb * BLOCK_K
-                a = a_desc.load([row0, k0])
-                if B_K_MAJOR:
-                    b = b_desc.load([g, col0, k0]).reshape(BLOCK_N, BLOCK_K).T
+            for kb in range(0, tl.cdiv(K, BLOCK_K)):
+                if TMA:
+                    a = a_desc.load([row0.to(tl.int32), kb * BLOCK_K])
+                    if B_K_MAJOR:
+                        b = b_desc.load([g, col0, kb * BLOCK_K]).reshape(BLOCK_N, BLOCK_K).T
+                    else:
+                        b = b_desc.load([g, kb * BLOCK_K, col0]).reshape(BLOCK_K, BLOCK_N)
                 else:
-                    b = b_desc.load([g, k0, col0]).reshape(BLOCK_K, BLOCK_N)
+                    k_mask = offs_k < K - kb * BLOCK_K
+                    a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                    b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
+                    a_ptrs += BLOCK_K
+                    b_ptrs += BLOCK_K * stride_bk
                 if SCALE == 2:  # blockwise: promote each K block's product with its own scales
                     sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
                     sb_g = sb_ptr + g * stride_sbg + kb * stride_sbk
@@ -142,7 +96,7 @@ def _grouped_mm_tma_kernel(
                 sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0)
                 sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
                 acc = acc * sa[:, None] * sb[None, :]
-            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+            c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
             tile += NUM_PROGRAMS
         tiles_before += tiles_g
@@ -213,8 +167,8 @@ def grouped_mm(
 ) -> torch.Tensor:
     """out[rows_g] = a[rows_g] @ b[g]^T: a [M, K] with contiguous rows, b [G, N, K] any strides.
 
-    Runs the TMA kernel when the operands meet TMA's 16-byte rules (tma_layout, stack_tma_layout), else
-    the pointer kernel."""
+    Through tensor descriptors when the operands meet TMA's 16-byte rules (tma_layout,
+    stack_tma_layout), else through pointers."""
     (M, K), (G, N, _) = a.shape, b.shape
     if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
@@ -225,28 +179,22 @@ def grouped_mm(
     programs = persistent_programs(a.device, max_tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     mode = SCALE_NONE if scales is None else scales.mode
-    launch = dict(SB_OUT_DIV=s.b_out_div, SCALE=mode, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                  BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=programs,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     b_k_major = stack_tma_layout(b)
-    if tma_layout(a) is True and b_k_major is not None:
+    tma = tma_layout(a) is True and b_k_major is not None
+    a_desc = b_desc = None
+    if tma:
         b_stored = b if b_k_major else b.transpose(1, 2)
         b_block = [1, cfg.BLOCK_N, cfg.BLOCK_K] if b_k_major else [1, cfg.BLOCK_K, cfg.BLOCK_N]
-        _grouped_mm_tma_kernel[(programs,)](
-            TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K]),
-            TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block),
-            out, offs, s.a, s.b,
-            G, N, K,
-            out.stride(0), *s.a_strides, *s.b_strides,
-            B_K_MAJOR=b_k_major, **launch,
-        )
-        return out
+        a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
+        b_desc = TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block)
     _grouped_mm_kernel[(programs,)](
-        a, b, out, offs, s.a, s.b,
+        a, b, a_desc, b_desc, out, offs, s.a, s.b,
         G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
-        **launch,
+        TMA=tma, B_K_MAJOR=bool(b_k_major), SB_OUT_DIV=s.b_out_div, SCALE=mode,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
