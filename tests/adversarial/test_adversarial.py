@@ -81,7 +81,8 @@ def test_the_honest_change_is_accepted(tmp_path):
     """Interpreter timings on a small shared CPU swing by up to 2x for seconds at a time, which can
     outvote a 1.4x change even with the best re-measured next to it. So the round is run again (up to
     three times, each in a fresh clone), as long as only a timing verdict stood in its way; a cheat
-    check firing on the honest change fails at once."""
+    check firing on the honest change fails at once. (Timing CPU time instead is no cure: BLAS worker
+    threads spin after each call and inflate it up to 2x.)"""
     reasons = []
     for attempt in range(3):
         campaign = run_round(tmp_path / f"attempt{attempt}", [HONEST])
