@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 from collections.abc import Callable
 
-import pandas as pd
 import torch
-from rich.console import Console
-from rich.table import Table
+from passes_report import report, sweep_row
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
@@ -105,14 +102,10 @@ def sweep(label: str, kind: str, a: torch.Tensor, b: torch.Tensor, timer: Timer)
         launch = lambda cfg, flat: launch_tma(a8.data, w.data[0].t(), out, cfg, scales, flat)  # noqa: E731
     rows = []
     for cfg, flat in itertools.product(configs, (True, False)):
-        try:
-            t = timer.time(lambda c=cfg, f=flat: launch(c, f)).median_ms
-        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
-            print(f"{kind} {cfg} flatten={flat}: {type(exc).__name__}: {str(exc)[:100]}")
-            continue
-        rows.append({"label": label, "pass": f"sweep {kind} {cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K} "
-                     f"w{cfg.num_warps} s{cfg.num_stages} {'flat' if flat else 'nested'}",
-                     "ours_ms": t, "ours_tflops": 2.0 * M * N * K / t / 1e9})
+        name = (f"sweep {kind} {cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K} w{cfg.num_warps} s{cfg.num_stages} "
+                f"{'flat' if flat else 'nested'}")
+        row = sweep_row(timer, lambda c=cfg, f=flat: launch(c, f), label, name, 2.0 * M * N * K)
+        rows += [row] if row else []
     return rows
 
 
@@ -135,20 +128,8 @@ def main() -> None:
         gen = torch.Generator(device=device).manual_seed(0)
         a, b, g = (torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) for s in ((M, K), (N, K), (M, N)))
         rows += sweep(shape.label, args.sweep, a, b, timer) if args.sweep else passes(shape.label, a, b, g, timer)
-    frame = pd.DataFrame(rows)
-    if args.csv:
-        frame.to_csv(args.csv, index=False)
-    table = Table(title=f"dense passes on {torch.cuda.get_device_name()}")
-    columns = ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("label", "pass", "anchor") else "right")
-    for row in rows:
-        table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
-    Console(width=220).print(table)
-    if "ratio" in frame:
-        ratios = frame.groupby("pass")["ratio"].apply(lambda r: math.exp(r.map(math.log).mean()))
-        Console(width=220).print("geomean ratio (anchor ms / ours ms) by pass:\n" + ratios.to_string())
-
+    report(rows, "dense passes", ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio"),
+           args.csv)
 
 if __name__ == "__main__":
     main()

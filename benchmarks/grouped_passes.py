@@ -14,10 +14,8 @@ import argparse
 import math
 from collections.abc import Callable
 
-import pandas as pd
 import torch
-from rich.console import Console
-from rich.table import Table
+from passes_report import report, sweep_row
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
@@ -110,13 +108,9 @@ def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Gran
     rows = []
     for bm, bn, warps, stages in SWEEP_CONFIGS:
         cfg = TileConfig(bm, bn, 128, 8, warps, stages)
-        try:
-            t = timer.time(lambda c=cfg: grouped_mm(a_q, w.data, offs, out, c, scales)).median_ms
-        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
-            print(f"config {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
-            continue
-        rows.append({"label": label, "pass": f"sweep fp8 {granularity.value} {bm}x{bn} w{warps} s{stages}",
-                     "ours_ms": t, "ours_tflops": 2.0 * M * N * K / t / 1e9})
+        row = sweep_row(timer, lambda c=cfg: grouped_mm(a_q, w.data, offs, out, c, scales), label,
+                        f"sweep fp8 {granularity.value} {bm}x{bn} w{warps} s{stages}", 2.0 * M * N * K)
+        rows += [row] if row else []
     return rows
 
 
@@ -141,21 +135,8 @@ def main() -> None:
             rows += sweep_forward(shape.label, inputs, Granularity(args.sweep), timer)
         else:
             rows += rows_for_shape(shape.label, inputs, timer)
-    frame = pd.DataFrame(rows)
-    if args.csv:
-        frame.to_csv(args.csv, index=False)
-    table = Table(title=f"grouped passes on {torch.cuda.get_device_name()}")
-    columns = ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio", "ours_GBps")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("label", "pass", "anchor") else "right")
-    for row in rows:
-        table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
-    Console(width=220).print(table)
-    if "ratio" not in frame:
-        return
-    ratios = frame.dropna(subset=["ratio"]).groupby("pass")["ratio"].apply(lambda r: math.exp(r.map(math.log).mean()))
-    Console(width=220).print("geomean ratio (anchor ms / ours ms) by pass:\n" + ratios.to_string())
-
+    report(rows, "grouped passes",
+           ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio", "ours_GBps"), args.csv)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,42 @@
+"""What the per-pass benchmarks share: timing one tile config of a sweep, and reporting the rows
+(CSV, a table, the geomean ratio to the anchor by pass)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from harness.timing import Timer
+
+
+def sweep_row(timer: Timer, run: Callable[[], object], label: str, pass_name: str, flops: float) -> dict | None:
+    """One sweep row for `run`, or None (printed) if the config does not fit (shared memory, registers)."""
+    try:
+        ms = timer.time(run).median_ms
+    except Exception as exc:
+        print(f"{pass_name}: {type(exc).__name__}: {str(exc)[:120]}")
+        return None
+    return {"label": label, "pass": pass_name, "ours_ms": ms, "ours_tflops": flops / ms / 1e9}
+
+
+def report(rows: list[dict], title: str, columns: Sequence[str], csv: str | None) -> None:
+    """Write the rows to `csv` (if given), print them, then the geomean anchor/ours ratio of each pass."""
+    frame = pd.DataFrame(rows)
+    if csv:
+        frame.to_csv(csv, index=False)
+    console = Console(width=220)
+    table = Table(title=f"{title} on {torch.cuda.get_device_name()}")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("label", "pass", "anchor") else "right")
+    for row in rows:
+        table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
+    console.print(table)
+    if "ratio" in frame:
+        ratios = frame.dropna(subset=["ratio"]).groupby("pass")["ratio"]
+        geomeans = ratios.apply(lambda r: math.exp(r.map(math.log).mean()))
+        console.print("geomean ratio (anchor ms / ours ms) by pass:\n" + geomeans.to_string())
