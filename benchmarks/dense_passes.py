@@ -3,7 +3,8 @@ of the TMA kernel's tile configs.
 
 `turbo-opt bench` times whole steps with quantization; this splits them: bf16 forward (NT), dgrad
 (NN) and wgrad (TN) vs torch.matmul (cuBLAS), and the FP8 forward GEMM alone on operands quantized
-once vs torch._scaled_mm of the same scaling (blockwise: vs the bf16 cuBLAS forward).
+once vs torch._scaled_mm of the same scaling (blockwise: vs the bf16 cuBLAS forward), then each
+blockwise pass with its quantization.
 
     python benchmarks/dense_passes.py --shapes llama3 --csv passes.csv
     python benchmarks/dense_passes.py --shapes square --sweep bf16 --csv sweep.csv
@@ -21,12 +22,12 @@ from passes_report import report, sweep_row
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
 from harness.timing import Timer
-from kernels.common.fp8 import Granularity
+from kernels.common.fp8 import Float8Config, Format, Granularity
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.gemm import gemm_backward, gemm_forward
 from kernels.gemm.kernel import launch_tma
-from kernels.gemm_fp8 import quantize
+from kernels.gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad, quantize
 from kernels.gemm_fp8.kernel import fp8_rows_times_weight, weight_operand
 from kernels.grouped_gemm_fp8.kernel import row_scale_strides
 
@@ -74,6 +75,15 @@ def passes(label: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, timer:
             compare("fp8 blockwise fwd (GEMM)", ours, lambda: torch.matmul(a, b.t(), out=out), "bf16 torch.matmul")
         else:
             compare(f"fp8 {gran.value} fwd (GEMM)", ours, scaled_mm(a8, b8, out), f"torch._scaled_mm {gran.value}")
+    # Each blockwise pass with the quantization of its operands (the weight's blocks quantized by the forward).
+    config = Float8Config(Format.E4M3, Granularity.BLOCKWISE)
+    weight = fp8_forward(a, b, True, config, out)
+    for what, run in (("fwd", lambda: fp8_forward(a, b, True, config, out)),
+                      ("dgrad", lambda: fp8_dgrad(g, b, True, config, da, weight)),
+                      ("wgrad", lambda: fp8_wgrad(g, a, True, config, db))):
+        ms = timer.time(run).median_ms
+        rows.append({"label": label, "pass": f"fp8 blockwise {what} (with quant)", "ours_ms": ms,
+                     "ours_tflops": flops / ms / 1e9})
     return rows
 
 

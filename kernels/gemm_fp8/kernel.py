@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from kernels.common import blockwise_ws
 from kernels.common.fp8 import BLOCK, Granularity, quantize_cols_t, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tma import tma_layout
@@ -105,6 +106,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     if M == 0 or N == 0:
         return out
     cfg = config_for(pass_name, M, N, granularity)
+    if blockwise_ws.supported(a, b[None], out, scales, cfg):
+        return blockwise_ws.blockwise_mm(a, b[None], out, scales, cfg)
     if tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:
         return launch_tma(a, b.t(), out, cfg, scales)
     one_group = torch.arange(2, device=a.device, dtype=torch.int64) * M

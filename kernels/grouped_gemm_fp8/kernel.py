@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from kernels.common import blockwise_ws
 from kernels.common.fp8 import Granularity, quantize_blocks_2d, quantize_cols_t, quantize_rows
 from kernels.common.scales import Scales
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
@@ -90,7 +91,10 @@ def m_grouped_fp8(
         b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = config_for(pass_name, x.shape[0], weight.data.shape[0], granularity)
-    grouped_mm(xq, weight.data, offs, out, cfg, scales)
+    if blockwise_ws.supported(xq, weight.data, out, scales, cfg):
+        blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs)
+    else:
+        grouped_mm(xq, weight.data, offs, out, cfg, scales)
 
 
 def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:

@@ -5,6 +5,11 @@ Buckets as in kernels/grouped_gemm/tuning.py, with a `/blockwise` twin: blockwis
 second [BLOCK_M, BLOCK_N] fp32 tile live (the K block's product before its scales are applied), so
 128x256 tiles spill registers there. BLOCK_K is 128: blockwise scaling promotes once per 128-wide
 K block, and fp8 tiles want 128 bytes of K per row anyway.
+
+On Hopper the blockwise forward and dgrad under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128
+run the warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups:
+the same tile and warps), where 3 stages measured best (benchmarks/blockwise_ab.py); the rest run
+the Triton kernels.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
-    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
-    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
 }

@@ -1,0 +1,79 @@
+"""Blockwise FP8 GEMM alone: the warp-specialized Gluon kernel against the Triton kernel, interleaved.
+
+Both kernels run on the same quantized operands (1x128 activations, 128x128 weights) at the
+acceptance shapes: the dense 8192^3 (issue 6) and DeepSeek-V3 GateUP, 8 experts x 4096 tokens
+(N 4096, K 7168; issue 3). Each round times every variant once, back to back, so all see the same
+GPU state; the rounds' median is the sustained figure, their max what a cool GPU gives.
+
+    python benchmarks/blockwise_ab.py --rounds 5 --csv blockwise_ab.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+
+import torch
+from passes_report import report
+
+import kernels  # noqa: F401  (interpreter switch before triton loads)
+from harness.timing import Timer
+from kernels.common import blockwise_ws
+from kernels.common.fp8 import Granularity, quantize_blocks_2d, quantize_rows
+from kernels.common.scales import Scales
+from kernels.common.tiles import TileConfig
+from kernels.gemm.kernel import launch_tma
+from kernels.grouped_gemm.kernel import grouped_mm
+
+SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4096, 4096, 7168)}
+TRITON_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)  # the Triton kernel's best (docs/performance.md)
+
+
+def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[int]) -> dict[str, Callable]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    xq, sx = quantize_rows(x, torch.float8_e4m3fn, Granularity.BLOCKWISE)
+    wq, _, sw = quantize_blocks_2d(w, torch.float8_e4m3fn)
+    scales = Scales(sx, sx.stride(), sw, sw.stride(), 128, per_k_block=True)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    offs = torch.arange(G + 1, device="cuda", dtype=torch.int64) * (M // G) if G > 1 else None
+    if offs is None:
+        runs = {"triton 128x128 w8 s4": lambda: launch_tma(xq, wq[0].t(), out, TRITON_CONFIG, scales)}
+    else:
+        runs = {"triton 128x128 w8 s4": lambda: grouped_mm(xq, wq, offs, out, TRITON_CONFIG, scales)}
+    for s in stages:
+        for gm in group_ms:
+            cfg = TileConfig(128, 128, 128, gm, 8, s)
+            if not blockwise_ws.supported(xq, wq, out, scales, cfg):
+                raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
+            runs[f"ws 128x128 s{s} GROUP_M {gm}"] = (
+                lambda c=cfg: blockwise_ws.blockwise_mm(xq, wq, out, scales, c, offs))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
+    parser.add_argument("--group-m", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args()
+    timer = Timer(torch.device("cuda"), repeats=args.repeats, warmup=3)
+    rows = []
+    for label, (G, M, N, K) in SHAPES.items():
+        runs = variants(G, M, N, K, args.stages, args.group_m)
+        tflops: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                tflops[name].append(2.0 * M * N * K / timer.time(run).median_ms / 1e9)
+        rows += [{"label": label, "pass": name, "median_tflops": statistics.median(t), "max_tflops": max(t),
+                  "min_tflops": min(t)} for name, t in tflops.items()]
+    report(rows, f"blockwise FP8 GEMM, {args.rounds} interleaved rounds",
+           ("label", "pass", "median_tflops", "max_tflops", "min_tflops"), args.csv)
+
+
+if __name__ == "__main__":
+    main()

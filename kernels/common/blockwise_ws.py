@@ -1,0 +1,225 @@
+"""Blockwise FP8 GEMM on Hopper with warp specialization (Gluon): dense and M-grouped.
+
+Blockwise scaling (1x128 activations, 128x128 weights) promotes each 128-wide K block's product into
+the fp32 accumulator with that block's scales, so every K block's MMA must finish before its
+result can be scaled. A Triton `tl.dot` kernel then waits for the tensor cores after each K block,
+and its CTA-wide barriers keep its warpgroups in step: the FMAs of promotion never overlap an MMA.
+
+Here the roles are split (DeepGEMM's design): one producer warp streams A and B tiles through a ring
+of shared-memory stages with TMA, and two consumer warpgroups, each owning 64 rows of the 128-row
+tile, issue the MMA of a stage, release the stage, and promote. The two consumers synchronize only
+through the stage barriers, so while one promotes the other's MMA runs.
+
+C[rows_g] = A[rows_g] @ B_g^T with A [tokens, K] and B [G * N, K], both fp8 and K-major, A scaled per
+row and 128-wide K block, B per 128x128 block (the forward and the dgrad). A dense GEMM is one group.
+A tile may read past its group's last row (or B's last column into the next group's rows): those
+products only feed outputs the masked store drops. Gluon kernels do not run in the CPU interpreter;
+`supported` says when this kernel can take a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.common.device import interpreter_mode, persistent_programs
+from kernels.common.scales import Scales
+from kernels.common.tiles import TileConfig
+from kernels.common.tma import tma_layout
+
+BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 rows
+HALF_M = gl.constexpr(64)
+BLOCK_K = gl.constexpr(128)  # the scale block
+
+
+@gluon.jit
+def _group_rows(offs_ptr, g, M, G, GROUPED: gl.constexpr):
+    """Rows [start, end) of group g (clamped to the last group, for the walk's final step)."""
+    if GROUPED:
+        g = gl.minimum(g, G - 1)
+        return gl.load(offs_ptr + g).to(gl.int32), gl.load(offs_ptr + g + 1).to(gl.int32)
+    return gl.to_tensor(0), gl.to_tensor(M)  # tensors even where M was specialized to a constant
+
+
+@gluon.jit
+def _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED: gl.constexpr):
+    """Move (g, tiles_before) forward to the group that holds `tile`; g reaches G past the last tile.
+    Empty groups hold no tiles and are stepped over."""
+    start, end = _group_rows(offs_ptr, g, M, G, GROUPED)
+    tiles_g = gl.cdiv(end - start, BLOCK_M) * num_n
+    while (g < G) & (tile >= tiles_before + tiles_g):
+        tiles_before += tiles_g
+        g += 1
+        start, end = _group_rows(offs_ptr, g, M, G, GROUPED)
+        tiles_g = gl.cdiv(end - start, BLOCK_M) * num_n
+    return g, tiles_before, start, end
+
+
+@gluon.jit
+def _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """First row and column of a group's tile, walked in grouped-M order so operands stay in L2."""
+    num_m = gl.cdiv(end - start, BLOCK_M)
+    local = tile - tiles_before
+    band = GROUP_M * num_n
+    first_m = (local // band) * GROUP_M
+    band_m = gl.minimum(num_m - first_m, GROUP_M)
+    return start + (first_m + (local % band) % band_m) * BLOCK_M, ((local % band) // band_m) * BLOCK_N
+
+
+@gluon.jit
+def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N, K, G,
+                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                    GROUPED: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+    num_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    stage_bytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    tile = gl.program_id(0)
+    it = 0
+    g, tiles_before, start, end = _find_group(tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, G, num_n, GROUPED)
+    while g < G:
+        row0, col0 = _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N, GROUP_M)
+        b_row0 = g * N + col0
+        for kb in range(k_tiles):
+            s = it % STAGES
+            # A fresh barrier counts as having completed the phase before its first: the first lap passes.
+            mbarrier.wait(free.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), stage_bytes)
+            k0 = kb * BLOCK_K
+            tma.async_copy_global_to_shared(a_desc, [row0, k0], ready.index(s), a_bufs.index(2 * s))
+            tma.async_copy_global_to_shared(a_desc, [row0 + HALF_M, k0], ready.index(s), a_bufs.index(2 * s + 1))
+            tma.async_copy_global_to_shared(b_desc, [b_row0, k0], ready.index(s), b_bufs.index(s))
+            it += 1
+        tile += NUM_PROGRAMS
+        g, tiles_before, start, end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
+
+
+@gluon.jit
+def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                   stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                   HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+                   NUM_PROGRAMS: gl.constexpr):
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 32])
+    # 16-byte stores: each thread writes 8 consecutive bf16 of a row.
+    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_N,
+                                                  BLOCK_N // 8], warps_per_cta=[4, 1], order=[1, 0])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    num_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    tile = gl.program_id(0)
+    it = 0
+    g, tiles_before, start, end = _find_group(tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, G, num_n, GROUPED)
+    while g < G:
+        row0, col0 = _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N, GROUP_M)
+        rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
+        row_ok = rows < end
+        sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam
+        sb_tile = sb_ptr + g.to(gl.int64) * stride_sbg + (col0 // BLOCK_K) * stride_sbn
+        acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+        for kb in range(k_tiles):
+            s = it % STAGES
+            # Loaded before the wait, so their latency hides behind it (prefetching a block ahead measured no faster).
+            sa = gl.load(sa_ptrs + kb * stride_sak, mask=row_ok, other=0.0)
+            sb = gl.load(sb_tile + kb * stride_sbk)  # the tile lies in one 128x128 weight block
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            a = a_bufs.index(2 * s + HALF)
+            b = b_bufs.index(s).permute((1, 0))
+            part = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            mbarrier.arrive(free.index(s), count=1)
+            acc += part * gl.expand_dims(sa * sb, 1)
+            it += 1
+        out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), store_layout)
+        out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+        out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
+        c_ptrs = c_ptr + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(out_cols, 0)
+        mask = gl.expand_dims(out_rows < end, 1) & gl.expand_dims(out_cols < N, 0)
+        gl.store(c_ptrs, out, mask=mask)
+        tile += NUM_PROGRAMS
+        g, tiles_before, start, end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
+
+
+@gluon.jit
+def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                         stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                         BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                         STAGES: gl.constexpr, GROUPED: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(free.index(s), count=2)  # one arrival per consumer warpgroup
+    gl.warp_specialize([
+        (_mma_partition, (a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                          stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, NUM_PROGRAMS)),
+        (_mma_partition, (a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                          stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, NUM_PROGRAMS)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N, K, G,
+                           BLOCK_N, GROUP_M, STAGES, GROUPED, NUM_PROGRAMS)),
+    ], [4, 1], [232, 40])
+
+
+_GL_FP8 = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_FP8[t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
+    """The weight stack b [G, N, K] as one [G * N, K] view, or None if its strides do not allow one."""
+    G, N, K = b.shape
+    if b.stride(0) != N * b.stride(1) and G > 1:
+        return None
+    rows = b.as_strided((G * N, K), (b.stride(1), b.stride(2)))
+    return rows if tma_layout(rows) is True else None
+
+
+def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig) -> bool:
+    """Whether this kernel runs `out = a @ b^T` under `cfg`: 1x128 A scales and 128x128 B blocks (the
+    forward and the dgrad; the wgrad's per-column B scales stay on the Triton kernel, whose pipeliner
+    prefetches them), a Hopper GPU (not the interpreter), fp8 operands TMA reads K-major, a row-major
+    output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps) with BLOCK_N <= 128."""
+    return (
+        scales.per_k_block and scales.b_out_div == BLOCK_K.value
+        and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8 and cfg.BLOCK_N in (64, 128)
+        and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
+        and torch.cuda.get_device_capability(a.device) == (9, 0)
+        and a.dtype in _GL_FP8 and b.dtype in _GL_FP8
+        and tma_layout(a) is True and _as_rows(b) is not None and out.stride(-1) == 1
+    )
+
+
+def blockwise_mm(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
+    offs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out[rows_g] = (a[rows_g] @ b[g]^T) promoted per 128-wide K block: a [M, K], b [G, N, K], both fp8
+    K-major, out [M, N]. `offs` (int64 [G + 1], on the device) bounds the groups; None: one group, all
+    of a's rows. The tile is 128 x cfg.BLOCK_N, walked in cfg.GROUP_M bands, cfg.num_stages deep.
+    Check `supported` first."""
+    (M, K), (G, N, _) = a.shape, b.shape
+    if M == 0 or N == 0:
+        return out
+    # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
+    max_tiles = (triton.cdiv(M, BLOCK_M.value) + G) * triton.cdiv(N, cfg.BLOCK_N)
+    programs = persistent_programs(a.device, max_tiles)
+    _blockwise_ws_kernel[(programs,)](
+        _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(_as_rows(b), [cfg.BLOCK_N, BLOCK_K.value]),
+        out, scales.a, scales.b, a if offs is None else offs,
+        M, N, K, G,
+        out.stride(0), *scales.a_strides, *scales.b_strides,
+        BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages,
+        GROUPED=offs is not None, NUM_PROGRAMS=programs, num_warps=4,
+    )
+    return out
