@@ -3,14 +3,7 @@
 #   scripts/gpu_blockwise_ws.sh check   # pytest -m gpu (kernel, gemm_fp8, grouped), the interleaved A/B
 #   scripts/gpu_blockwise_ws.sh bench   # per-pass anchors and the turbo-opt benches, dense and grouped
 # Results land in $OUT/results.tgz.
-set -uo pipefail
-OUT=${OUT:-/tmp/turbo-opt-out}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-trap 'tar czf "$OUT/results.tgz" -C "$WORK" .' EXIT
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
-  | tee "$WORK/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
 if [ "${1:-check}" = check ]; then
   timeout 300 python3 -m pytest -m gpu -q tests/test_blockwise_ws.py tests/test_gemm_fp8.py tests/test_grouped_gemm.py \
     2>&1 | tail -15 | tee "$WORK/pytest-gpu.log"

@@ -2,16 +2,9 @@
 # One device call for the dense GEMMs (issue 6): GPU tests, the per-pass anchors, the tile sweeps,
 # and the harness benches next to cuBLAS / torch._scaled_mm. Everything lands in $OUT/results.tgz.
 #   usage: scripts/gpu_dense.sh [sweep|bench|all|blockwise]   (blockwise: its tests, sweep and benches only)
-set -uo pipefail
-OUT=${OUT:-/tmp/turbo-opt-out}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 what=${1:-all}
-trap 'tar czf "$OUT/results.tgz" -C "$WORK" .' EXIT
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
-  | tee "$WORK/gpu.txt"
 python3 -m pytest -m gpu -q tests/test_gemm.py tests/test_gemm_fp8.py 2>&1 | tail -40 | tee "$WORK/pytest-gpu.log"
 if [ "$what" = blockwise ]; then
   python3 benchmarks/dense_passes.py --shapes square --only 8192 --sweep blockwise --repeats 10 \

@@ -2,13 +2,7 @@
 # One device call for the grouped GEMMs on the TMA kernel: GPU tests, the blockwise tile sweep at
 # DeepSeek-V3 GateUP, the per-pass anchors, and the headline benches next to torch. Results land in
 # $OUT/results.tgz.
-set -uo pipefail
-OUT=${OUT:-/tmp/turbo-opt-out}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-trap 'tar czf "$OUT/results.tgz" -C "$WORK" .' EXIT
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$WORK/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
 timeout 240 python3 -m pytest -m gpu -q tests/test_grouped_gemm.py tests/test_gemm_fp8.py tests/test_gemm.py 2>&1 \
   | tail -15 | tee "$WORK/pytest-gpu.log"
 timeout 90 python3 benchmarks/grouped_passes.py --shapes headline --only deepseek-v3/gateup/ep32/m4096/uniform \

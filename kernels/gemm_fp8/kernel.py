@@ -9,7 +9,8 @@ types. Each operand is quantized by one kernel of kernels/common/fp8.py, straigh
     wgrad   tokens      grad_out^T           x^T (both quantized along tokens, written transposed)
 
 Where TMA cannot describe an operand (K not a multiple of 16, an odd output width), the grouped
-pointer kernel runs the pass as one group.
+pointer kernel runs the pass as one group. On Hopper the blockwise forward and dgrad run the
+warp-specialized kernel of kernels/common/blockwise_ws.py instead.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ once, and hands the shared M-grouped or variable-K kernel strided scale views:
     fwd     K           a, along K                b as [N, K]
     dgrad   N           grad_out, along N         b as [K, N]
     wgrad   tokens      grad_out^T, per group     a^T, per group
+
+On Hopper the blockwise forward and dgrad run the warp-specialized kernel of
+kernels/common/blockwise_ws.py instead of the M-grouped one.
 """
 
 from __future__ import annotations
