@@ -81,3 +81,13 @@ class OpSpec:
     @property
     def outputs(self) -> tuple[str, ...]:
         return self.forward_outputs + self.backward_outputs
+
+
+# What every GEMM-class op (dense and grouped, bf16 and FP8) shares: the "gemm" CSV schema, its
+# input dtypes, and the outputs checked by SNR.
+GEMM_CLASS_FIELDS: dict[str, object] = {
+    "schema": "gemm",
+    "dtypes": ("bf16", "fp16"),
+    "forward_outputs": ("out",),
+    "backward_outputs": ("da", "db"),
+}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common.dtypes import dtype_name
-from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
 from kernels.gemm import gemm_backward, gemm_forward
 
 
@@ -84,11 +84,8 @@ SPEC = OpSpec(
     name="gemm",
     description="bf16/fp16 GEMM with fp32 accumulation: Linear forward (NT), dgrad (NN), wgrad (TN)",
     mutable_files=("kernels/gemm/kernel.py", "kernels/gemm/tuning.py"),
-    schema="gemm",
     shape_family="dense_gemm",
-    dtypes=("bf16", "fp16"),
-    forward_outputs=("out",),
-    backward_outputs=("da", "db"),
+    **GEMM_CLASS_FIELDS,
     make_inputs=make_inputs,
     make_outputs=make_outputs,
     reference=reference,

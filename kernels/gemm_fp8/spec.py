@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common.fp8 import Granularity, quantize_rows
-from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
 from kernels.gemm.spec import SPEC as GEMM_SPEC
 from kernels.gemm.spec import flops, make_inputs, make_outputs, reference
 from kernels.gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
@@ -64,12 +64,10 @@ SPEC = OpSpec(
         "kernels/gemm_fp8/tuning.py",
         "kernels/gemm/kernel.py",
         "kernels/common/fp8.py",
+        "kernels/common/blockwise_ws.py",
     ),
-    schema="gemm",
     shape_family="dense_gemm",
-    dtypes=("bf16", "fp16"),
-    forward_outputs=("out",),
-    backward_outputs=("da", "db"),
+    **GEMM_CLASS_FIELDS,
     make_inputs=make_inputs,
     make_outputs=make_outputs,
     reference=reference,

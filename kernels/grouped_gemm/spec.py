@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common.dtypes import dtype_name
-from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
 from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
 
 
@@ -119,11 +119,8 @@ SPEC = OpSpec(
     name="grouped_gemm",
     description="bf16/fp16 grouped GEMM for MoE experts: forward (NT), dgrad (NN), variable-K wgrad (TN)",
     mutable_files=("kernels/grouped_gemm/kernel.py", "kernels/grouped_gemm/tuning.py"),
-    schema="gemm",
     shape_family="grouped_gemm",
-    dtypes=("bf16", "fp16"),
-    forward_outputs=("out",),
-    backward_outputs=("da", "db"),
+    **GEMM_CLASS_FIELDS,
     make_inputs=make_inputs,
     make_outputs=make_outputs,
     reference=reference,

@@ -13,7 +13,7 @@ import itertools
 import torch
 
 from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_rows
-from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
 from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm.spec import GROUPED_MM_BASELINE, bytes_moved, flops, make_inputs, make_outputs, reference
 from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
@@ -85,12 +85,10 @@ SPEC = OpSpec(
         "kernels/grouped_gemm_fp8/tuning.py",
         "kernels/grouped_gemm/kernel.py",
         "kernels/common/fp8.py",
+        "kernels/common/blockwise_ws.py",
     ),
-    schema="gemm",
     shape_family="grouped_gemm",
-    dtypes=("bf16", "fp16"),
-    forward_outputs=("out",),
-    backward_outputs=("da", "db"),
+    **GEMM_CLASS_FIELDS,
     make_inputs=make_inputs,
     make_outputs=make_outputs,
     reference=reference,
