@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable
 
 import torch
-from passes_report import report, sweep_row
+from passes_report import add_common_arguments, report, sweep_row
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
@@ -121,10 +121,7 @@ def sweep(label: str, kind: str, a: torch.Tensor, b: torch.Tensor, timer: Timer)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="llama3", help="dense_gemm shape preset or YAML file")
-    parser.add_argument("--only", default="", help="keep shapes whose label contains this")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--csv", default=None, help="write all rows here")
+    add_common_arguments(parser, "dense_gemm", "llama3")
     parser.add_argument("--sweep", choices=["bf16", *(g.value for g in Granularity)], default=None,
                         help="instead of the passes, sweep the forward's tile configs")
     args = parser.parse_args()

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 
 import torch
-from passes_report import report, sweep_row
+from passes_report import add_common_arguments, report, sweep_row
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
@@ -116,10 +116,7 @@ def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Gran
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="headline", help="grouped_gemm shape preset or YAML file")
-    parser.add_argument("--only", default="", help="keep shapes whose label contains this")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--csv", default=None, help="write all rows here")
+    add_common_arguments(parser, "grouped_gemm", "headline")
     parser.add_argument("--sweep", choices=[g.value for g in Granularity], default=None,
                         help="instead of the passes, sweep the FP8 forward's tile configs for this granularity")
     args = parser.parse_args()

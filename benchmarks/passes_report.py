@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable, Sequence
 
@@ -12,6 +13,14 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.timing import Timer
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, family: str, default_shapes: str) -> None:
+    """The options every per-pass script takes: which shapes of `family`, how long to time, where the CSV goes."""
+    parser.add_argument("--shapes", default=default_shapes, help=f"{family} shape preset or YAML file")
+    parser.add_argument("--only", default="", help="keep shapes whose label contains this")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--csv", default=None, help="write all rows here")
 
 
 def sweep_row(timer: Timer, run: Callable[[], object], label: str, pass_name: str, flops: float) -> dict | None:
