@@ -1,4 +1,4 @@
-"""ANALYZE: where each shape sits on the GPU's roofline, and which knob family to try first."""
+"""ANALYZE: where each shape sits on the GPU's roofline, measured against the GPU's own ceilings."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from harness.schema import Summary
 from harness.shapes import Shape
+from harness.stats import geomean
 from harness.timing import Timer
 from kernels.common.dtypes import dtype_from_name
 from kernels.common.opspec import OpSpec, Problem
@@ -21,7 +22,7 @@ NOMINAL_RIDGE = 989e12 / 3.35e12
 FP8_FORMATS = ("e4m3", "e5m2")
 
 
-def measure_ceilings(device: torch.device) -> dict[str, float]:
+def device_ceilings(device: torch.device) -> dict[str, float]:
     """What the vendor libraries reach on this GPU: bf16 and fp8 matmul rates (TFLOPS, 8192^3) and
     copy bandwidth (GB/s, read + write). Leads for the roofline, not the silicon's hard limits."""
     if device.type != "cuda":
@@ -57,6 +58,11 @@ class ShapeAnalysis:
         return self.achieved_tflops / self.roofline_tflops if self.roofline_tflops > 0 else math.nan
 
 
+def efficiency_geomean(analyses: Sequence[ShapeAnalysis]) -> float:
+    """The forward rate as a fraction of its roofline, geomean over the shapes (nan without ceilings)."""
+    return geomean(a.efficiency for a in analyses)
+
+
 def analyze(
     spec: OpSpec, shapes: Sequence[Shape], summary: Summary, dtype: str, variant: str, ceilings: dict[str, float]
 ) -> list[ShapeAnalysis]:
@@ -76,13 +82,6 @@ def analyze(
         out.append(ShapeAnalysis(shape.label, intensity, "compute" if intensity >= ridge else "memory",
                                  float(forward[shape.label]), roof))
     return out
-
-
-def preferred_directions(analyses: Sequence[ShapeAnalysis]) -> list[str]:
-    """Compute-bound shapes gain from bigger tiles and deeper pipelines first; memory-bound ones from
-    launch order (L2 reuse) and tile shape."""
-    compute = sum(a.bound == "compute" for a in analyses) >= len(analyses) / 2
-    return ["tile", "pipeline", "warps", "launch-order"] if compute else ["launch-order", "tile", "warps", "pipeline"]
 
 
 def describe(analyses: Sequence[ShapeAnalysis]) -> str:

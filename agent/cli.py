@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from agent import campaign_cli
+from agent import campaign_cli, knowledge_cli
 from harness.cli import console, exit_on_user_error, register
 from harness.registry import all_specs
 from harness.shapes import preset_names
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 register(app)
 campaign_cli.register(app)
+knowledge_cli.register(app)
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """Lineage: the campaign's git history (gitpython). Accepted rounds are commits on the campaign
-branch; a rollback restores the mutable files from the best commit. Nothing outside the mutable
-files is ever staged, and no other branch is touched.
+branch; a rollback puts the tree back at the best commit. Nothing outside the mutable files is ever
+staged, and no other branch is touched. A candidate that moved the history itself (a commit, a
+reset, a branch switch, a stash) is noticed here and undone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import git
 from harness.errors import UserError
 
 
+def repo_root() -> Path:
+    """The git checkout a command runs in: campaigns change its kernels and commit there."""
+    try:
+        return Path(git.Repo(Path.cwd(), search_parent_directories=True).working_tree_dir)
+    except git.InvalidGitRepositoryError:
+        raise UserError(f"{Path.cwd()} is not inside a git checkout") from None
+
+
 class Lineage:
     def __init__(self, root: Path) -> None:
         try:
@@ -22,8 +31,12 @@ class Lineage:
         self.root = Path(self.repo.working_tree_dir)
 
     def dirty_paths(self) -> list[str]:
+        """Tracked files changed against HEAD (staged or not) and untracked files git does not ignore."""
         changed = [d.a_path for d in self.repo.index.diff(None)] + [d.a_path for d in self.repo.index.diff("HEAD")]
         return sorted(set(changed) | set(self.repo.untracked_files))
+
+    def untracked(self) -> list[str]:
+        return sorted(self.repo.untracked_files)
 
     def ensure_clean(self) -> None:
         if not self.repo.head.is_valid():
@@ -39,6 +52,17 @@ class Lineage:
     def head_message(self) -> str:
         return self.repo.head.commit.message
 
+    def branch(self) -> str | None:
+        """The checked-out branch, or None on a detached HEAD."""
+        return None if self.repo.head.is_detached else self.repo.active_branch.name
+
+    def stash(self) -> str | None:
+        """The newest stash entry's commit, or None: a change means someone stashed or popped."""
+        try:
+            return self.repo.git.rev_parse("--verify", "--quiet", "refs/stash")
+        except git.GitCommandError:
+            return None
+
     def checkout_branch(self, name: str, start: str) -> None:
         """Create `name` at `start` (or reuse it if it already points into this campaign) and check it out."""
         if name in self.repo.heads:
@@ -49,13 +73,37 @@ class Lineage:
             branch = self.repo.create_head(name, start)
         branch.checkout()
 
-    def diff(self, paths: Sequence[str] = ()) -> str:
-        """The working tree's changes (to `paths`, or all tracked files) against HEAD, as a patch."""
-        return self.repo.git.diff("HEAD", "--", *paths)
+    def lineage_problem(self, branch: str, best: str, stash: str | None) -> str | None:
+        """How the history differs from where the runner left it (on `branch` at `best`), in words."""
+        current = self.branch()
+        if current != branch:
+            return f"switched from branch {branch} to {current or 'a detached HEAD'}"
+        if self.head() != best:
+            moved = "committed on top of" if self.repo.is_ancestor(best, self.head()) else "reset"
+            return f"{moved} the best commit {best[:10]} (HEAD is now {self.head()[:10]})"
+        if self.stash() != stash:
+            return "stashed or popped changes (git stash)"
+        return None
+
+    def diff_from(self, commit: str) -> str:
+        """The working tree's tracked changes against `commit`, as a patch (committed changes included)."""
+        return self.repo.git.diff(commit, "--binary")
+
+    def changed_from(self, commit: str) -> list[str]:
+        return sorted(set(self.repo.git.diff(commit, "--name-only").split()))
 
     def restore(self, commit: str, paths: Sequence[str]) -> None:
-        """Put `paths` back exactly as they are in `commit` (a rollback)."""
+        """Put `paths` back exactly as they are in `commit` (index and working tree)."""
         self.repo.git.checkout(commit, "--", *paths)
+
+    def restore_exactly(self, branch: str, commit: str) -> None:
+        """The tree exactly at `commit` on `branch`: the branch moved back if something moved it, tracked
+        files restored, untracked files removed (ignored ones, such as the campaign dir, are kept)."""
+        if self.branch() != branch:
+            self.repo.git.checkout("-f", branch)
+        if self.head() != commit:
+            self.repo.head.reset(commit, index=True, working_tree=True)
+        self.discard_changes(commit)
 
     def discard_changes(self, commit: str) -> None:
         """Undo every change in the working tree against `commit` (tracked files restored, new files
@@ -69,7 +117,7 @@ class Lineage:
 
     def apply(self, patch_file: Path) -> None:
         if patch_file.read_text().strip():
-            self.repo.git.apply("--whitespace=nowarn", str(patch_file))
+            self.repo.git.apply("--whitespace=nowarn", "--binary", str(patch_file))
 
     def commit(self, paths: Sequence[str], message: str) -> str:
         self.repo.index.add(list(paths))

@@ -1,19 +1,48 @@
-"""manifest.yaml: what a campaign optimizes, on which shapes, by which metric, within which limits."""
+"""manifest.yaml: what a campaign optimizes, on which shapes, by which metric, who proposes the changes,
+and when it stops."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
 from harness.files import atomic_write_text
 from harness.registry import get_spec
 from harness.rules import first_error, load_rules
 from harness.shapes import Shape
+
+Metric = Literal["forward", "backward", "step"]
+
+
+class SearchConfig(BaseModel):
+    """The built-in search over the op's tuned table (kernels/<op>/tuning.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["search"] = "search"
+
+
+class ManualConfig(BaseModel):
+    """The handoff: the runner writes a request each round and waits for `turbo-opt submit`."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["manual"] = "manual"
+
+
+class CommandConfig(BaseModel):
+    """A coding agent run unattended: `run` is a shell command line started in the repo root each round."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["command"] = "command"
+    run: str = Field(min_length=1)
+    timeout_min: float = Field(default=30.0, gt=0)
+
+
+ProposerConfig = Annotated[SearchConfig | ManualConfig | CommandConfig, Field(discriminator="kind")]
 
 
 class Manifest(BaseModel):
@@ -31,15 +60,23 @@ class Manifest(BaseModel):
     shapes: str | list[Shape]
     # Labels measured every round; empty until BASELINE picks them.
     representative_shapes: list[str] = []
-    primary_metric: Literal["forward", "backward", "step"] = "step"
-    # Stop once the best is this many times the baseline on the primary metric (None: no target).
+    primary_metric: Metric = "step"
+    # Who proposes each round's change: `search` (built in), `manual` (a person or an agent submits),
+    # or `{kind: command, run: "...", timeout_min: 30}` (an agent command run each round).
+    proposer: ProposerConfig = SearchConfig()
+    # Stop conditions, any of which ends the campaign. Best over baseline on the primary metric:
     target_speedup: float | None = Field(default=None, gt=1.0)
+    # An absolute geomean (representative shapes) per metric, e.g. {step: 700}: stop once all are reached.
+    target: dict[Metric, float] = {}
+    # Best over the first vendor baseline that measures the primary metric (e.g. 1.05: 5% past cuBLAS).
+    target_vs_vendor: float | None = Field(default=None, gt=0)
+    # Geomean over the representative shapes of the forward rate as a fraction of its measured roofline.
+    hardware_efficiency: float | None = Field(default=None, gt=0, le=1)
     # Files the campaign may change: default (empty) means all of the op's mutable files.
     mutable_files: list[str] = []
     branch: str = "auto"
     max_iterations: int = Field(default=10, ge=1, lt=120)
     max_duration_min: float = Field(default=240.0, gt=0)
-    proposer: Literal["search"] = "search"
     timing: Literal["auto", "cuda-events", "cuda-graph"] = "auto"
     repeats: int | None = Field(default=None, ge=1)
     # Also time with fresh input tensors every call; a gain that vanishes there is rejected as overfit.
@@ -51,6 +88,12 @@ class Manifest(BaseModel):
     # done within compile_timeout_s, the whole within compile_timeout_s + run_timeout_s.
     compile_timeout_s: int = Field(default=900, ge=5)
     run_timeout_s: int = Field(default=1800, ge=5)
+
+    @field_validator("proposer", mode="before")
+    @classmethod
+    def _proposer_by_name(cls, value: Any) -> Any:
+        """`proposer: manual` is short for `proposer: {kind: manual}`."""
+        return {"kind": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check_against_the_op(self) -> Manifest:
@@ -66,6 +109,12 @@ class Manifest(BaseModel):
         if self.max_iterations > load_rules().max_iterations:
             raise ValueError(f"max_iterations exceeds the rules' limit of {load_rules().max_iterations}")
         return self
+
+    @property
+    def name(self) -> str:
+        if self.campaign is None:
+            raise ValueError("the manifest has no campaign name yet")
+        return self.campaign
 
     @property
     def files(self) -> list[str]:
@@ -101,6 +150,9 @@ def parse_manifest(data: object, source: str) -> Manifest:
         raise UserError(first_error(exc, source)) from None
 
 
+def manifest_text(manifest: Manifest) -> str:
+    return yaml.safe_dump(manifest.model_dump(mode="json"), sort_keys=False)
+
+
 def write_manifest(manifest: Manifest, path: Path) -> Path:
-    data = manifest.model_dump(mode="json", exclude_defaults=False)
-    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return atomic_write_text(path, manifest_text(manifest))

@@ -1,5 +1,5 @@
-"""What a campaign writes for people: per-round summary.md, the append-only logs, report.md and
-the plot of the primary metric by round."""
+"""What a campaign writes for people and agents: per-round summary.md and decision.json, the
+append-only logs, report.md and the plot of the primary metric by round."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from agent.decision import DecisionRecord
 from agent.manifest import Manifest
-from agent.state import CampaignState, Measurement, RoundRecord
+from agent.standings import ShapeStanding
+from agent.state import CampaignState, Measurement, RoundRecord, Termination
 from harness.files import atomic_write_text
+from harness.meta import read_meta
 from harness.schema import read_summary
+from harness.stats import geomean
 
 TREND_HEADER = (
-    "| round | status | description | fwd geomean | bwd geomean | step geomean | vs baseline |\n"
+    "| round | status | change | fwd geomean | bwd geomean | step geomean | vs baseline |\n"
     "|---|---|---|---|---|---|---|\n"
 )
 
@@ -27,8 +31,8 @@ def _pct(new: float, old: float) -> str:
     return f"{(new / old - 1) * 100:+.1f}%" if old and math.isfinite(new) and math.isfinite(old) else "n/a"
 
 
-def _describe(record: RoundRecord) -> str:
-    return record.description or ("baseline" if record.number == 1 else "-")
+def _ratio_pct(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}%" if math.isfinite(ratio) else "n/a"
 
 
 def init_logs(run_dir: Path, manifest: Manifest) -> None:
@@ -42,15 +46,70 @@ def init_logs(run_dir: Path, manifest: Manifest) -> None:
         )
 
 
-def round_summary(
-    run_dir: Path, record: RoundRecord, manifest: Manifest, best_before: Measurement | None, baseline: Measurement
-) -> str:
-    """summary.md of a closed round: hypothesis, change, per-shape table, SNR, decision and why."""
+def attribution_lines(ratios: dict[str, dict[str, float]]) -> list[str]:
+    """Which passes and shapes moved: a table of candidate over best per shape and pass, geomean last."""
+    if not ratios:
+        return []
+    lines = ["| shape | forward | backward | step |", "|---|---|---|---|"]
+    for label, by_pass in ratios.items():
+        lines.append(f"| {label} | " + " | ".join(_ratio_pct(by_pass.get(p, math.nan))
+                                                   for p in ("forward", "backward", "step")) + " |")
+    lines.append("| geomean | " + " | ".join(_ratio_pct(geomean(r.get(p, math.nan) for r in ratios.values()))
+                                            for p in ("forward", "backward", "step")) + " |")
+    return lines
+
+
+def attribution_details(ratios: dict[str, dict[str, float]]) -> str:
+    """One line for the commit message: the passes' geomeans and the shape that moved most."""
+    if not ratios:
+        return "no paired measurement"
+    passes = ", ".join(f"{p} {_ratio_pct(geomean(r.get(p, math.nan) for r in ratios.values()))}"
+                       for p in ("forward", "backward", "step"))
+    moved = max(ratios, key=lambda label: abs(math.log(ratios[label].get("step", 1.0))))
+    return (f"{passes} (vs the best measured next to it); most moved: {moved} "
+            f"{_ratio_pct(ratios[moved].get('step', math.nan))} step")
+
+
+def rollback_analysis(record: RoundRecord, ratios: dict[str, dict[str, float]], run_dir: Path) -> list[str]:
+    """What a rolled-back round did wrong: the check that fired, the shapes that regressed and by how much."""
+    lines = [f"- Verdict: {record.reason}"]
+    if record.measurements:
+        meta = read_meta(run_dir / record.measurements[-1].csv)
+        lines += [f"- Unannounced shape {label}: {error}" for label, error in meta.probe_errors.items()]
+        lines += [f"- {label}: {error}" for label, error in meta.errors.items()]
+    slower = sorted(((label, p, r) for label, by_pass in ratios.items() for p, r in by_pass.items()
+                     if p != "step" and math.isfinite(r) and r < 1.0), key=lambda x: x[2])
+    lines += [f"- {label} {p}: {(1 - r) * 100:.1f}% slower than the best" for label, p, r in slower[:6]]
+    if not record.measurements:
+        lines.append("- Never measured: rejected before it ran")
+    return lines
+
+
+def next_direction(record: RoundRecord, standings: list[ShapeStanding]) -> str:
+    """Where the next round should look: the representative shape furthest below a vendor library."""
+    gaps = [(ratio, s.label, vendor) for s in standings for vendor, ratio in s.vs_vendor.items()
+            if ratio is not None]
+    gap = ""
+    if gaps:
+        ratio, label, vendor = min(gaps)
+        gap = f"the largest gap left is {label} at {ratio:.3f}x {vendor}"
+    if record.status == "ACCEPT":
+        return f"build on this commit; {gap or 'no vendor baseline to compare with'}"
+    return f"do not repeat '{record.summary}' as is; {gap or 'no vendor baseline to compare with'}"
+
+
+def round_summary(run_dir: Path, record: RoundRecord, manifest: Manifest, best_before: Measurement | None,
+                  baseline: Measurement, ratios: dict[str, dict[str, float]], next_step: str) -> str:
+    """summary.md of a closed round: hypothesis, change, per-shape table, attribution, decision and why."""
     metric = manifest.primary_metric
     lines = [f"# Round {record.number}: {record.status}", ""]
+    c = record.candidate
     if record.number > 1:
-        lines += [f"- Direction: {record.direction}", f"- Hypothesis: {record.hypothesis}",
-                  f"- Change: `{_describe(record)}` in `{record.change.file if record.change else '-'}`",
+        lines += [f"- Proposer: {c.proposer if c else manifest.proposer.kind}",
+                  f"- Hypothesis: {c.hypothesis if c else '-'}",
+                  f"- Change: {record.summary} (`candidate.diff`; files: {', '.join(c.changed) if c else '-'})",
+                  f"- Risk: {c.risk if c else '-'}; expected gain: "
+                  + (f"{c.expected_gain_pct:+.1f}%" if c and c.expected_gain_pct is not None else "not stated"),
                   f"- Validation: {'all shapes' if record.full_validation else 'representative shapes'},"
                   f" {len(record.measurements)} measurement(s)"
                   + (", each next to a re-measurement of the best" if record.references else "")]
@@ -71,24 +130,34 @@ def round_summary(
             base = baseline.per_shape.get(label, math.nan)
             lines.append(f"| {label} | {checks[label]} | {value:.4g} | {_pct(value, best)} | {_pct(value, base)} "
                          f"| {snr[label]:.1f} |")
-    return "\n".join(lines) + "\n"
+        lines.append("")
+    if record.number > 1:
+        lines += ["## Attribution", "", *(attribution_lines(ratios) or ["Not measured next to the best."]), ""]
+        if record.status != "ACCEPT":
+            lines += ["## Rollback analysis", "", *rollback_analysis(record, ratios, run_dir), ""]
+        lines += ["## Next direction", "", next_step, ""]
+    return "\n".join(lines)
 
 
-def close_round(
-    run_dir: Path, state: CampaignState, record: RoundRecord, manifest: Manifest, best_before: Measurement | None
-) -> None:
-    """Write the round's summary and append it to both logs."""
+def close_round(run_dir: Path, state: CampaignState, record: RoundRecord, best_before: Measurement | None,
+                ratios: dict[str, dict[str, float]], next_step: str, next_action: str) -> None:
+    """Write the round's summary.md and decision.json and append it to both logs (once, even after a kill)."""
     assert state.baseline is not None
+    manifest = state.manifest
     round_dir = run_dir / "rounds" / f"round-{record.number}"
-    atomic_write_text(round_dir / "summary.md", round_summary(run_dir, record, manifest, best_before, state.baseline))
+    atomic_write_text(round_dir / "summary.md",
+                      round_summary(run_dir, record, manifest, best_before, state.baseline, ratios, next_step))
+    decision = DecisionRecord.of(manifest.name, record, state.best_commit, ratios, next_action)
+    atomic_write_text(round_dir / "decision.json", decision.model_dump_json(indent=2) + "\n")
     m = record.measurements[-1] if record.measurements else None
     g = m.geomeans if m else {}
     base = state.rounds[0].measurements[0].geomeans[manifest.primary_metric]  # baseline, representative shapes
     optimize_log = run_dir / "logs" / "optimize.md"
     if f"## Round {record.number}:" in optimize_log.read_text():  # closed before a kill: append once only
         return
+    hypothesis = record.candidate.hypothesis if record.candidate else "-"
     with optimize_log.open("a") as log:
-        log.write(f"## Round {record.number}: {record.status}\n\n- {_describe(record)}: {record.hypothesis or '-'}\n"
+        log.write(f"## Round {record.number}: {record.status}\n\n- {record.summary}: {hypothesis}\n"
                   f"- {record.reason}\n" + (f"- commit {record.commit}\n" if record.commit else "") + "\n")
     with (run_dir / "logs" / "performance_trend.md").open("a") as trend:
         cells = [f"{g.get(k, math.nan):.4g}" for k in ("forward", "backward", "step")]
@@ -96,10 +165,11 @@ def close_round(
             cells, vs = ["FAIL"] * 3, f"FAIL on {len(m.failed)} shape(s)"
         else:
             vs = _pct(g.get(manifest.primary_metric, math.nan), base) if m else "n/a"
-        trend.write(f"| {record.number} | {record.status} | {_describe(record)} | {' | '.join(cells)} | {vs} |\n")
+        trend.write(f"| {record.number} | {record.status} | {record.summary} | {' | '.join(cells)} | {vs} |\n")
 
 
-def plot_rounds(run_dir: Path, state: CampaignState, manifest: Manifest, path: Path) -> Path:
+def plot_rounds(run_dir: Path, state: CampaignState, path: Path) -> Path:
+    manifest = state.manifest
     metric = manifest.primary_metric
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = {"ACCEPT": "tab:green", "ROLLBACK": "tab:red", "ERROR": "black", "OPEN": "grey"}
@@ -122,7 +192,7 @@ def plot_rounds(run_dir: Path, state: CampaignState, manifest: Manifest, path: P
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round (1 = baseline; dotted: a round with FAIL rows)")
     ax.set_ylabel(f"{metric} geomean, representative shapes ({unit})")
-    ax.set_title(f"{manifest.campaign}: {manifest.op} ({'green accept, red rollback'})")
+    ax.set_title(f"{manifest.campaign}: {manifest.op} (green accept, red rollback)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -131,33 +201,24 @@ def plot_rounds(run_dir: Path, state: CampaignState, manifest: Manifest, path: P
     return path
 
 
-def _vendor_columns(run_dir: Path, metric: str) -> dict[str, dict[str, float]]:
-    """The vendor baselines measured at BASELINE, by name: label -> primary metric (forward if absent)."""
-    vendors = {}
-    for csv in sorted((run_dir / "rounds" / "round-1" / "artifacts").glob("benchmark.baseline-*.csv")):
-        summary = read_summary(csv)
-        values = summary.metric(metric)
-        if values.isna().all():
-            values = summary.metric("forward")
-        vendors[csv.stem.removeprefix("benchmark.baseline-")] = values.to_dict()
-    return vendors
-
-
-def write_report(run_dir: Path, state: CampaignState, manifest: Manifest, final: Measurement, next_steps: str) -> Path:
-    assert state.baseline is not None
+def write_report(run_dir: Path, state: CampaignState, vendors: dict[str, dict[str, float]],
+                 termination: list[Termination], next_steps: list[str]) -> Path:
+    """report.md: baseline vs best per shape and against the vendors, the rounds, the stop conditions."""
+    assert state.baseline is not None and state.final is not None
+    manifest, final, base = state.manifest, state.final, state.baseline
     metric = manifest.primary_metric
-    vendors = _vendor_columns(run_dir, metric)
-    base = state.baseline
     opt = state.optimization_rounds()
     accepted = [r for r in opt if r.status == "ACCEPT"]
     lines = [
         f"# Campaign report: {manifest.campaign}", "",
         f"- Op: `{manifest.op}` ({manifest.backend}), variant `{manifest.resolved_variant}`, device {state.device}",
-        f"- Primary metric: {metric}; branch `{state.branch}`; best commit `{state.best_commit[:12]}`",
+        f"- Proposer: {manifest.proposer.kind}; primary metric: {metric}; branch `{state.branch}`; best commit "
+        f"`{state.best_commit[:12]}`",
         f"- Rounds: {len(opt)} ({len(accepted)} accepted); stopped because: {state.stop_reason}",
         f"- {metric} geomean over all shapes: baseline {base.geomeans[metric]:.4g}, best {final.geomeans[metric]:.4g} "
         f"({_pct(final.geomeans[metric], base.geomeans[metric])}); every shape "
         f"{'PASS' if final.all_pass else 'NOT PASS: ' + ', '.join(final.failed)}",
+        f"- Reproduced in the final bench: {'yes' if state.reproduced else 'NO'} ({state.reproduction})",
         "", f"![{metric} by round](metric_by_round.png)", "",
         f"## Baseline vs best, per shape ({metric})", "",
         "| shape | baseline | best | speedup | " + " | ".join(f"{v} | best / {v}" for v in vendors) + " |",
@@ -171,16 +232,19 @@ def write_report(run_dir: Path, state: CampaignState, manifest: Manifest, final:
             cells += [f"{v:.4g}", f"{value / v:.3f}x" if v and math.isfinite(v) else "n/a"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "## Rounds", "",
-              "| round | status | direction | change | expected | measured vs best | reason | commit |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| round | status | proposer | change | expected | measured vs best | fresh tensors | reason | commit |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in opt:
+        c = r.candidate
+        expected = f"{c.expected_gain_pct:+.1f}%" if c and c.expected_gain_pct is not None else "-"
         measured = f"{r.gain_pct:+.2f}%" if r.gain_pct is not None else "n/a"
-        lines.append(f"| {r.number} | {r.status} | {r.direction} | {_describe(r)} | {r.expected_gain_pct:+.1f}% | "
-                     f"{measured} | {r.reason} | {(r.commit or '')[:10]} |")
-    ineffective = sorted({f"{r.change.bucket} {r.change.knob} -> {r.change.new}" for r in opt
-                          if r.status != "ACCEPT" and r.change})
+        fresh = f"{r.fresh_gain_pct:+.2f}%" if r.fresh_gain_pct is not None else "n/a"
+        lines.append(f"| {r.number} | {r.status} | {c.proposer if c else '-'} | {r.summary} | {expected} | "
+                     f"{measured} | {fresh} | {r.reason} | {(r.commit or '')[:10]} |")
+    ineffective = sorted({f"{r.summary}: {r.reason}" for r in opt if r.ineffective})
     lines += ["", "## Ineffective directions", ""] + [f"- {x}" for x in ineffective or ["none"]]
-    lines += ["", f"Exhausted knob families: {', '.join(state.exhausted_directions) or 'none'}", "",
-              "## Next steps", "", next_steps, ""]
-    plot_rounds(run_dir, state, manifest, run_dir / "metric_by_round.png")
+    lines += ["", "## Termination check", "", "| condition | threshold | value | met |", "|---|---|---|---|"]
+    lines += [f"| {t.condition} | {t.threshold} | {t.value} | {'yes' if t.met else 'no'} |" for t in termination]
+    lines += ["", "## Next steps", "", *[f"- {s}" for s in next_steps], ""]
+    plot_rounds(run_dir, state, run_dir / "metric_by_round.png")
     return atomic_write_text(run_dir / "report.md", "\n".join(lines))

@@ -1,35 +1,51 @@
 """The campaign state machine:
 
-    DEFINE_TARGET -> PREPARE_ENVIRONMENT -> BASELINE -> (ANALYZE -> OPTIMIZE -> VALIDATE -> DECIDE)* -> REPORT
+    DEFINE_TARGET -> PREPARE_ENVIRONMENT -> BASELINE
+        -> (ANALYZE -> OPTIMIZE [-> AWAITING_CANDIDATE] -> SCREEN -> VALIDATE -> DECIDE)* -> REPORT
 
-state.json is written after every step. Each step can be re-run after a kill: OPTIMIZE and
-VALIDATE first put the mutable files back at the best commit (VALIDATE then re-applies the
+state.json is written after every step, so a kill at any moment resumes where it was: every step
+starts by putting the tree back where its state says (the best commit, or the best commit plus the
 round's saved candidate.diff), DECIDE does not commit a round twice, and a round's log lines are
-written once. The working tree is only ever at the best commit or at best + the candidate.
+written once. The runner is the only one that measures and decides; proposers (agent/proposers)
+only change the tree. The work of each phase lives in a module named for it: screening.py,
+bench.py (VALIDATE's subprocess), scoring.py and decision.py (DECIDE), request.py, report.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import yaml
 from rich.console import Console
 
-from agent.analysis import ShapeAnalysis, analyze, describe, measure_ceilings, preferred_directions
-from agent.audit import audit_source, write_scope
-from agent.knowledge import Tip, learned_gains, load_tips, verified_ineffective, write_tips
+from agent import lock
+from agent.analysis import ShapeAnalysis, analyze, describe, device_ceilings, efficiency_geomean
+from agent.bench import BenchError, BenchRequest, run_bench
+from agent.decision import (
+    above_roofline,
+    attribution,
+    fail_details,
+    full_validation_problem,
+    with_overrides,
+)
+from agent.knowledge import Tip, applicable, load_tips, write_tips
 from agent.lineage import Lineage
-from agent.manifest import Manifest, load_manifest, write_manifest
-from agent.measure import BenchRequest, MeasureError, run_bench
-from agent.proposers import ProposalContext, Proposer
-from agent.proposers.search import DIRECTIONS, SearchProposer, tuning_file
-from agent.report import close_round, init_logs, write_report
-from agent.scoring import Decision, decide, measure, stagnated, termination_reason
-from agent.state import CampaignState, RoundRecord, load_state, save_state
+from agent.manifest import Manifest, manifest_text, write_manifest
+from agent.processes import ChildRegistry
+from agent.proposers import Awaiting, Exhausted, Failed, Proposed, Proposer, RoundContext, make_proposer
+from agent.report import attribution_details, close_round, init_logs, next_direction, write_report
+from agent.request import Request, RoofPoint, RoundSummary, judging, render, submission
+from agent.scoring import decide, score, stagnated
+from agent.screening import capture, screen
+from agent.standings import primary_vendor, standings, vendors
+from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
+from agent.termination import Progress, stop_conditions, stop_reason
 from harness.errors import UserError
 from harness.files import atomic_write_text
 from harness.meta import harness_hash, read_meta
@@ -37,9 +53,11 @@ from harness.registry import get_spec
 from harness.rules import load_rules
 from harness.schema import FAIL, Summary, read_summary
 from harness.shapes import Shape, load_shapes
+from harness.stats import geomean
 from kernels.common.device import default_device, interpreter_mode
 
 Measurer = Callable[[BenchRequest], None]
+ROUND_PHASES = ("OPTIMIZE", "SCREEN", "VALIDATE", "DECIDE")
 
 
 def runs_dir(root: Path) -> Path:
@@ -62,23 +80,26 @@ def write_shapes(path: Path, shapes: list[Shape]) -> Path:
 
 class Campaign:
     def __init__(
-        self, root: Path, manifest: Manifest, state: CampaignState, measurer: Measurer | None = None,
-        console: Console | None = None, proposer: Proposer | None = None,
+        self, root: Path, state: CampaignState, measurer: Measurer | None = None, console: Console | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.root = root
-        self.manifest = manifest
         self.state = state
-        self.run_dir = runs_dir(root) / manifest.campaign
-        self.spec = get_spec(manifest.op)
+        self.manifest: Manifest = state.manifest
+        self.run_dir = runs_dir(root) / self.manifest.name
+        self.spec = get_spec(self.manifest.op)
         self.rules = load_rules()
         self.lineage = Lineage(root)
-        self.proposer = proposer or SearchProposer()
-        self.measurer = measurer or (lambda request: run_bench(root, manifest, request, self.state.harness_hash))
+        self.children = ChildRegistry(self.run_dir / "children.json")
+        self.proposer = proposer or make_proposer(self.manifest.proposer)
+        self.measurer = measurer or (
+            lambda request: run_bench(root, self.manifest, request, self.state.harness_hash, self.children))
         self.console = console or Console()
+        self._lock_depth = 0
         self.steps = {
             "DEFINE_TARGET": self._define_target, "PREPARE_ENVIRONMENT": self._prepare_environment,
             "BASELINE": self._baseline, "ANALYZE": self._analyze, "OPTIMIZE": self._optimize,
-            "VALIDATE": self._validate, "DECIDE": self._decide, "REPORT": self._report,
+            "SCREEN": self._screen, "VALIDATE": self._validate, "DECIDE": self._decide, "REPORT": self._report,
         }
 
     # --- creation ---------------------------------------------------------------------------------
@@ -87,12 +108,11 @@ class Campaign:
     def create(cls, root: Path, manifest: Manifest, **kwargs: object) -> Campaign:
         """Check everything, then write the campaign dir: nothing is touched if anything is wrong."""
         Lineage(root).ensure_clean()
-        if tuning_file(manifest.op) not in manifest.files:
-            raise UserError(f"the search proposer rewrites {tuning_file(manifest.op)}: keep it in mutable_files")
-        run_dir = runs_dir(root) / manifest.campaign
+        run_dir = runs_dir(root) / manifest.name
         if run_dir.exists():
-            raise UserError(f"campaign '{manifest.campaign}' already exists: `turbo-opt resume {manifest.campaign}`")
-        campaign = cls(root, manifest, CampaignState(campaign=manifest.campaign), **kwargs)
+            raise UserError(f"campaign '{manifest.name}' already exists: `turbo-opt resume {manifest.name}`")
+        campaign = cls(root, CampaignState(campaign=manifest.name, manifest=manifest), **kwargs)  # type: ignore[arg-type]
+        campaign.proposer.check(manifest)
         campaign.shapes()  # an unknown preset or a bad shape file fails here, before anything is written
         run_dir.mkdir(parents=True)
         write_manifest(manifest, run_dir / "manifest.yaml")
@@ -105,12 +125,36 @@ class Campaign:
         if not (run_dir / "state.json").exists():
             known = ", ".join(sorted(p.name for p in runs_dir(root).glob("*") if (p / "state.json").exists()))
             raise UserError(f"no campaign '{name}' in {runs_dir(root)} (campaigns: {known or 'none'})")
-        return cls(root, load_manifest(run_dir / "manifest.yaml"), load_state(run_dir / "state.json"), **kwargs)
+        return cls(root, load_state(run_dir / "state.json"), **kwargs)  # type: ignore[arg-type]
 
     # --- helpers ----------------------------------------------------------------------------------
 
     def save(self) -> None:
         save_state(self.state, self.run_dir / "state.json")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One process drives a campaign at a time (the OS drops the lock of a killed one); whoever takes it
+        first ends the children a killed runner left behind, before anything is measured."""
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        with lock.hold(self.run_dir, self.manifest.name):
+            self.state = load_state(self.run_dir / "state.json")  # what the last holder left, not a stale copy
+            self.manifest = self.state.manifest
+            ended = self.children.reap()
+            if ended:
+                self.say(f"ended {len(ended)} process group(s) left by a killed runner: "
+                         + ", ".join(c.command[:60] for c in ended))
+            self._lock_depth = 1
+            try:
+                yield
+            finally:
+                self._lock_depth = 0
 
     def shapes(self) -> list[Shape]:
         source = self.manifest.shapes
@@ -127,11 +171,14 @@ class Campaign:
     def rel(self, path: Path) -> str:
         return path.relative_to(self.run_dir).as_posix()
 
+    def repo_path(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
     def say(self, message: str) -> None:
         prefix = f"[bold cyan]{self.manifest.campaign}[/] round {self.state.round}"
         self.console.print(f"{prefix} {message}", highlight=False)
 
-    def _measure(self, request: BenchRequest, what: str) -> Summary:
+    def _bench(self, request: BenchRequest, what: str) -> Summary:
         with self.console.status(f"measuring {what}..."):
             self.measurer(request)
         return read_summary(request.summary_csv)
@@ -146,20 +193,93 @@ class Campaign:
     def _tips(self) -> list[Tip]:
         return load_tips(self.root, self.manifest.op, self.state.device, self.manifest.resolved_variant)
 
+    def _protected(self) -> dict[str, str]:
+        """Files outside git's view that a candidate must not touch, with the text the runner wrote."""
+        return {self.repo_path(self.run_dir / "manifest.yaml"): manifest_text(self.manifest)}
+
+    def _restore(self) -> None:
+        """The tree exactly at the best commit on the campaign branch, and the campaign's own files as written."""
+        self.lineage.restore_exactly(self.state.branch, self.state.best_commit)
+        for path, text in self._protected().items():
+            if not (self.root / path).exists() or (self.root / path).read_text() != text:
+                atomic_write_text(self.root / path, text)
+
+    def _analyses(self, csv: Path | None = None) -> list[ShapeAnalysis]:
+        """The representative shapes on the roofline, from a measurement (default: the best's)."""
+        assert self.state.best is not None
+        csv = csv or self.run_dir / self.state.best.csv
+        reps = self.manifest.representative_shapes
+        return analyze(self.spec, [s for s in self.shapes() if s.label in reps], read_summary(csv),
+                       read_meta(csv).dtype, self.manifest.resolved_variant, self.state.ceilings)
+
+    def _stop_conditions(self) -> list[Termination]:
+        assert self.state.best is not None
+        metric = self.manifest.primary_metric
+        vendor = primary_vendor(self.run_dir, metric)
+        vs_vendor = math.nan
+        if vendor is not None:
+            vs_vendor = geomean(v / vendor.per_shape[label] for label, v in self.state.best.per_shape.items()
+                                if vendor.per_shape.get(label, math.nan) > 0)
+        m = self.manifest
+        progress = Progress(rounds_done=self.state.round - 2, elapsed_s=self.state.elapsed_s, speedup=self.speedup(),
+                            best=self.state.best.geomeans, vs_vendor=vs_vendor,
+                            efficiency=efficiency_geomean(self._analyses()),
+                            stop_requested=(self.run_dir / "STOP").exists())
+        return stop_conditions(progress, max_iterations=m.max_iterations, max_duration_min=m.max_duration_min,
+                               target_speedup=m.target_speedup, target=m.target, target_vs_vendor=m.target_vs_vendor,
+                               hardware_efficiency=m.hardware_efficiency)
+
     # --- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> CampaignState:
-        while self.state.phase != "DONE":
-            started = time.monotonic()
-            self.steps[self.state.phase]()
-            self.state.elapsed_s += time.monotonic() - started
-            self.save()
+        """Step until the campaign is done or waits for a candidate (the `manual` proposer)."""
+        with self.locked():
+            while self.state.phase not in ("DONE", "AWAITING_CANDIDATE"):
+                phase = self.state.phase
+                record = self.state.current if phase in ROUND_PHASES else None
+                started = time.monotonic()
+                self.steps[phase]()
+                elapsed = time.monotonic() - started
+                self.state.elapsed_s += elapsed
+                if record is not None:
+                    record.elapsed_s += elapsed
+                self.save()
         return self.state
+
+    def submit(self, proposal: Proposal) -> RoundRecord:
+        """The candidate in the working tree, as `turbo-opt submit` hands it in: judged, and the next round's
+        request written. Returns the judged round."""
+        with self.locked():
+            if self.state.phase != "AWAITING_CANDIDATE":
+                raise UserError(f"campaign {self.manifest.name} is not waiting for a candidate "
+                                f"(phase {self.state.phase}, round {self.state.round})")
+            number = self.state.round
+            self._capture(proposal, "manual")
+            self.save()
+            self.run()
+        return next(r for r in self.state.rounds if r.number == number)
+
+    def finish(self, discard: bool = False) -> CampaignState:
+        """Stop waiting for candidates and write the report (`turbo-opt finish`)."""
+        with self.locked():
+            if self.state.phase != "AWAITING_CANDIDATE":
+                raise UserError(f"campaign {self.manifest.name} is not waiting for a candidate "
+                                f"(phase {self.state.phase}): `turbo-opt stop` stops a running one")
+            dirty = self.lineage.dirty_paths()
+            if dirty and not discard:
+                raise UserError(f"the working tree has changes ({', '.join(dirty[:3])}): submit them, or finish "
+                                "with --discard to drop them")
+            self.state.rounds.pop()  # the round nobody proposed for
+            self.state.stop_reason = "finished by the user"
+            self.state.phase = "REPORT"
+            self.save()
+            return self.run()
 
     def _define_target(self) -> None:
         init_logs(self.run_dir, self.manifest)
         m = self.manifest
-        self.say(f"target: {m.op} ({m.resolved_variant}), {m.primary_metric} metric, {m.max_iterations} rounds at most")
+        self.say(f"target: {m.op} ({m.resolved_variant}), {m.primary_metric} metric, proposer {m.proposer.kind}, "
+                 f"{m.max_iterations} rounds at most")
         self.state.phase = "PREPARE_ENVIRONMENT"
 
     def _prepare_environment(self) -> None:
@@ -172,9 +292,9 @@ class Campaign:
         self.state.harness_hash = harness_hash(self.root / "harness")
         device = default_device()
         self.state.device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
-        self.state.ceilings = measure_ceilings(device)
+        self.state.ceilings = device_ceilings(device)
         if device.type == "cuda":
-            torch.cuda.empty_cache()  # the measurements run in subprocesses: leave them the memory
+            torch.cuda.empty_cache()  # the benchmarks run in subprocesses: leave them the memory
         if interpreter_mode():
             self.say("[yellow]CPU interpreter: timings prove the loop, never performance[/]")
         self.say(f"branch {self.state.branch}, device {self.state.device}, ceilings {self.state.ceilings or 'n/a'}")
@@ -185,140 +305,158 @@ class Campaign:
         shapes = self.shapes()
         write_shapes(self.run_dir / "shapes.yaml", shapes)
         csv = rd / "artifacts" / "benchmark.csv"
-        summary = self._measure(
-            BenchRequest(self.run_dir / "shapes.yaml", csv, rd / "artifacts" / "bench.log", compare_baselines=True),
+        summary = self._bench(
+            BenchRequest(self.run_dir / "shapes.yaml", csv, rd / "artifacts" / "bench.log", compare_baselines=True,
+                         probe_seed=self._probe_seed()),
             f"the baseline on {len(shapes)} shapes",
         )
         failed = [label for label, check in summary.checks().items() if check == FAIL]
-        if failed:
-            raise UserError(f"the baseline has FAIL rows ({', '.join(failed[:3])}): a campaign starts from a correct "
-                            f"kernel; see {csv}")
+        probes = read_meta(csv).probe_errors
+        if failed or probes:
+            shown = ", ".join([*failed[:3], *list(probes)[:3]])
+            raise UserError(f"the baseline fails ({shown}): a campaign starts from a correct kernel; see {csv}")
         flops = dict(zip(summary.labels, summary.metric("forward") * summary.frame.set_index("label")[
             summary.schema.fwd_ms] * 1e9, strict=True))
         reps = self.manifest.representative_shapes or pick_representative(shapes, flops)
         self.manifest = self.manifest.model_copy(update={"representative_shapes": reps})
+        self.state.manifest = self.manifest
         write_manifest(self.manifest, self.run_dir / "manifest.yaml")
         write_shapes(self.run_dir / "representative.yaml", [s for s in shapes if s.label in reps])
         metric = self.manifest.primary_metric
         fresh_ms = read_meta(csv).fresh_ms
-        self.state.baseline = measure(summary, metric, self.rel(csv), None, fresh_ms)
-        self.state.best = measure(summary, metric, self.rel(csv), reps, fresh_ms)
-        (rd / "candidate.diff").write_text("")  # the baseline changes nothing
+        self.state.baseline = score(summary, metric, self.rel(csv), None, fresh_ms)
+        self.state.best = score(summary, metric, self.rel(csv), reps, fresh_ms)
+        atomic_write_text(rd / "candidate.diff", "")  # the baseline changes nothing
         # Round 1 records the representative shapes, like every later round: the trend compares like with like.
         record = RoundRecord(number=1, status="ACCEPT", reason=f"baseline: {len(shapes)} shapes, every one PASS",
                              measurements=[self.state.best], commit=self.state.start_commit)
         self.state.rounds = [record]
-        close_round(self.run_dir, self.state, record, self.manifest, None)
+        close_round(self.run_dir, self.state, record, None, {}, "", "round 2")
         self.say(f"baseline {metric} geomean {self.state.baseline.geomeans[metric]:.4g}; representative: {reps}")
         self.state.round = 2
         self.state.phase = "ANALYZE"
 
     def _analyze(self) -> None:
-        assert self.state.baseline is not None and self.state.best is not None
-        if self.state.rounds[-1].number == self.state.round:  # back from an OPTIMIZE that found nothing
-            self.state.rounds.pop()
-        reason = termination_reason(
-            rounds_done=self.state.round - 2, max_iterations=self.manifest.max_iterations,
-            elapsed_s=self.state.elapsed_s, max_duration_s=self.manifest.max_duration_min * 60, speedup=self.speedup(),
-            target_speedup=self.manifest.target_speedup, stop_requested=(self.run_dir / "STOP").exists(),
-        )
-        analyses = self._analyses()
-        full = False
-        if reason is None and stagnated(self.state.consecutive_rollbacks, self.rules):
-            # The direction has stalled: switch, and validate the next round on every shape.
-            self.state.exhausted_directions.append(self._direction(analyses) or "")
-            self.state.consecutive_rollbacks = 0
-            full = True
-        direction = self._direction(analyses)
-        if reason is None and direction is None:
-            reason = "search space exhausted: every knob family was tried"
+        reason = stop_reason(self._stop_conditions())
         if reason is not None:
             self.state.stop_reason = reason
             self.say(f"stop: {reason}")
             self.state.phase = "REPORT"
             return
-        self.state.rounds.append(RoundRecord(number=self.state.round, direction=direction,
-                                             analysis=describe(analyses), full_validation=full))
+        changing_course = stagnated(self.state.consecutive_rollbacks, self.rules)
+        if changing_course:  # validate the next round on every shape, and tell the proposer to change course
+            self.state.consecutive_rollbacks = 0
+        self.state.rounds.append(RoundRecord(number=self.state.round, analysis=describe(self._analyses()),
+                                             full_validation=changing_course, after_stagnation=changing_course))
         self.state.phase = "OPTIMIZE"
 
-    def _analyses(self) -> list[ShapeAnalysis]:
-        """The representative shapes on the roofline, from the best measurement."""
+    def _request(self, record: RoundRecord) -> Request:
+        """Write the round's request.json and request.md: what the proposer (and anyone else) needs."""
         assert self.state.best is not None
-        csv = self.run_dir / self.state.best.csv
-        reps = self.manifest.representative_shapes
-        return analyze(self.spec, [s for s in self.shapes() if s.label in reps], read_summary(csv),
-                       read_meta(csv).dtype, self.manifest.resolved_variant, self.state.ceilings)
-
-    def _direction(self, analyses: list[ShapeAnalysis]) -> str | None:
-        return next((d for d in preferred_directions(analyses) if d not in self.state.exhausted_directions), None)
-
-    def _visited(self) -> frozenset[tuple[str, str, str, int]]:
-        seen = verified_ineffective(self._tips())
-        for r in self.state.rounds:
-            if r.change and r.status != "OPEN":
-                seen |= {(r.change.file, r.change.bucket, r.change.knob, v) for v in (r.change.old, r.change.new)}
-        return frozenset(seen)
+        m, rd, metric = self.manifest, self.round_dir(record.number), self.manifest.primary_metric
+        closed = self.state.closed_rounds()
+        reps_file = self.repo_path(self.run_dir / "representative.yaml")
+        request = Request(
+            campaign=m.name, round=record.number, op=m.op, op_description=self.spec.description,
+            variant=m.resolved_variant, backend=m.backend, device=self.state.device, proposer=self.proposer.name,
+            primary_metric=metric, metric_unit=read_summary(self.run_dir / self.state.best.csv).schema.metric,
+            after_stagnation=record.after_stagnation, full_validation=record.full_validation,
+            stop_conditions=self._stop_conditions(), representative_shapes=m.representative_shapes,
+            shapes_file=reps_file, baseline_geomean=self.state.rounds[0].measurements[0].geomeans[metric],
+            best_geomean=self.state.best.geomeans[metric], best_round=self.state.best_round,
+            best_commit=self.state.best_commit, standings=standings(self.run_dir, self.state, metric),
+            roofline=[RoofPoint.of(a) for a in self._analyses()],
+            rounds=[RoundSummary.of(r) for r in self.state.rounds if r.status != "OPEN"],
+            ineffective=[f"round {r.number}: {r.summary} ({r.reason})" for r in closed if r.ineffective],
+            mutable_files=m.files,
+            check_command=(f"turbo-opt bench --op {m.op} --variant {m.resolved_variant} --shapes {reps_file} "
+                           "--fresh-inputs --probe-seed 1"),
+            judging=judging(self.rules),
+            knowledge=applicable(self.root, m.op, self.state.device),  # the op's backends (Gluon too)
+            tips=self._tips(),
+            submission=submission(self.proposer.name, m.name, self.repo_path(rd / "proposal.json")),
+        )
+        atomic_write_text(rd / "request.json", request.model_dump_json(indent=2) + "\n")
+        atomic_write_text(rd / "request.md", render(request))
+        return request
 
     def _optimize(self) -> None:
         record = self.state.current
-        self.lineage.discard_changes(self.state.best_commit)  # the tree exactly at the best commit
-        context = ProposalContext(
-            op=self.manifest.op, variant=self.manifest.resolved_variant, root=self.root,
-            shape_dims=tuple(dict(s.dims) for s in self.shapes()), direction=record.direction,
-            visited=self._visited(), learned_gain_pct=learned_gains(self._tips()),
-        )
-        proposal = self.proposer.propose(context)
-        if proposal is None:
-            self.say(f"no untried move left in the '{record.direction}' direction")
-            self.state.exhausted_directions.append(record.direction)
-            self.state.phase = "ANALYZE"
-            return
-        self.proposer.apply(proposal, self.root)
         rd = self.round_dir(record.number)
         rd.mkdir(parents=True, exist_ok=True)
-        record.hypothesis = proposal.hypothesis
-        record.description = proposal.summary
-        record.change = proposal.change
-        record.expected_gain_pct = proposal.expected_gain_pct
-        record.full_validation = record.full_validation or proposal.risk == "high"
-        self.say(f"OPTIMIZE: {proposal.hypothesis}")
-        # The whole candidate is kept (out-of-scope edits too), then judged before it is ever run.
-        atomic_write_text(rd / "candidate.diff", self.lineage.diff() + "\n")
-        rejection = self._static_rejection()
-        if rejection:
-            record.status, record.reason = "ROLLBACK", rejection
-            self.lineage.discard_changes(self.state.best_commit)
+        self._restore()
+        record.handed_at, record.stash_at = self.state.best_commit, self.lineage.stash()
+        self._request(record)
+        context = RoundContext(
+            campaign=self.manifest.name, number=record.number, root=self.root, round_dir=rd, manifest=self.manifest,
+            shapes=tuple(self.shapes()), analyses=tuple(self._analyses()), history=tuple(self.state.closed_rounds()),
+            tips=tuple(self._tips()), after_stagnation=record.after_stagnation, request_md=rd / "request.md",
+            request_json=rd / "request.json", children=self.children, scratch=self.state.proposer_state,
+        )
+        outcome = self.proposer.propose(context)
+        if isinstance(outcome, Proposed):
+            self._capture(outcome.proposal, self.proposer.name)
+        elif isinstance(outcome, Awaiting):
+            self.state.phase = "AWAITING_CANDIDATE"
+            self.say(f"awaiting a candidate: {self.repo_path(rd / 'request.md')}, then "
+                     f"`turbo-opt submit {self.manifest.name} --hypothesis ...`")
+        elif isinstance(outcome, Exhausted):
+            self.state.rounds.pop()
+            self.state.stop_reason = outcome.reason
+            self.say(f"stop: {outcome.reason}")
+            self.state.phase = "REPORT"
+        elif isinstance(outcome, Failed):
+            atomic_write_text(rd / "candidate.diff", self.lineage.diff_from(self.state.best_commit) + "\n")
+            self._restore()
+            record.status, record.reason = "ERROR", outcome.reason
+            self.state.phase = "DECIDE"
+
+    def _capture(self, proposal: Proposal, proposer: str) -> None:
+        """Record the candidate the working tree holds (read-only: nothing is lost if killed here)."""
+        record = self.state.current
+        record.candidate = capture(self.lineage, proposal, proposer, branch=self.state.branch,
+                                   best=self.state.best_commit, stash=record.stash_at,
+                                   diff_path=self.round_dir(record.number) / "candidate.diff",
+                                   protected=self._protected())
+        self.say(f"candidate: {proposal.summary}: {proposal.hypothesis}")
+        self.state.phase = "SCREEN"
+
+    def _screen(self) -> None:
+        record = self.state.current
+        assert record.candidate is not None
+        self._restore()
+        verdict = screen(self.lineage, record.candidate, self.manifest.files,
+                         self.round_dir(record.number) / "candidate.diff")
+        if verdict is not None:
+            record.status, record.reason = verdict.status, verdict.reason
+            self._restore()
             self.state.phase = "DECIDE"
             return
+        record.full_validation = record.full_validation or record.candidate.risk == "high"
         self.state.phase = "VALIDATE"
 
-    def _static_rejection(self) -> str | None:
-        """Why a candidate is rejected unseen: a path outside the mutable files, or an audit finding."""
-        changed = self.lineage.dirty_paths()
-        outside = write_scope(changed, self.manifest.files)
-        if outside:
-            return f"write scope: touched {', '.join(outside)} (mutable: {', '.join(self.manifest.files)})"
-        findings = [f for path in changed if path.endswith(".py")
-                    for f in audit_source(path, (self.root / path).read_text())]
-        return f"audit: {'; '.join(map(str, findings))}" if findings else None
+    def _probe_seed(self) -> int:
+        """Drawn afresh for every measurement, after the candidate is frozen: nothing can anticipate it."""
+        return random.SystemRandom().randrange(2**31)
 
     def _validate(self) -> None:
         record = self.state.current
         rd = self.round_dir(record.number)
-        self.lineage.restore(self.state.best_commit, self.manifest.files)
+        self._restore()
         self.lineage.apply(rd / "candidate.diff")
         n = len(record.measurements)
         csv = rd / "artifacts" / ("benchmark.csv" if n == 0 else f"benchmark.remeasure-{n}.csv")
         shapes_file = self.run_dir / ("shapes.yaml" if record.full_validation else "representative.yaml")
-        request = BenchRequest(shapes_file, csv, csv.with_suffix(".log"))
+        request = BenchRequest(shapes_file, csv, csv.with_suffix(".log"), probe_seed=self._probe_seed())
         try:
             which = "all" if record.full_validation else "representative"
-            summary = self._measure(request, f"round {record.number} ({which} shapes)")
-        except MeasureError as exc:
+            summary = self._bench(request, f"round {record.number} ({which} shapes)")
+        except BenchError as exc:
             record.status, record.reason = "ERROR", str(exc)
             self.state.phase = "DECIDE"
             return
-        crashes = {label: e for label, e in read_meta(csv).errors.items() if not e.startswith("check:")}
+        meta = read_meta(csv)
+        crashes = {label: e for label, e in meta.errors.items() if not e.startswith("check:")}
         if crashes:  # the candidate did not run (it raised), as opposed to running and being wrong
             label, error = next(iter(crashes.items()))
             record.status, record.reason = "ERROR", f"raised on {label}: {error}"
@@ -326,102 +464,77 @@ class Campaign:
             return
         metric = self.manifest.primary_metric
         shapes = self.manifest.representative_shapes
-        candidate = measure(summary, metric, self.rel(csv), shapes, read_meta(csv).fresh_ms)
+        candidate = score(summary, metric, self.rel(csv), shapes, meta.fresh_ms)
+        if meta.probe_errors and candidate.all_pass:  # wrong only where the campaign did not look
+            label, error = next(iter(meta.probe_errors.items()))
+            record.status, record.reason = "ROLLBACK", f"unannounced shape {label}: {error}"
+            record.measurements.append(candidate)
+            self.state.phase = "DECIDE"
+            return
         if self.manifest.paired_reference and candidate.all_pass:
             reference_csv = csv.with_name(csv.name.replace("benchmark", "reference"))
             # The decision reads the representative shapes only: the best is re-measured on those.
             request = BenchRequest(self.run_dir / "representative.yaml", reference_csv,
                                    reference_csv.with_suffix(".log"))
-            self.lineage.restore(self.state.best_commit, self.manifest.files)
+            self._restore()
             try:
-                reference = self._measure(request, f"the best (round {self.state.best_round}) next to it")
-            except MeasureError as exc:
+                reference = self._bench(request, f"the best (round {self.state.best_round}) next to it")
+            except BenchError as exc:
                 record.status, record.reason = "ERROR", f"re-measuring the best failed: {exc}"
                 self.state.phase = "DECIDE"
                 return
-            self.lineage.apply(rd / "candidate.diff")
-            record.references.append(measure(reference, metric, self.rel(reference_csv), shapes,
-                                             read_meta(reference_csv).fresh_ms))
+            record.references.append(score(reference, metric, self.rel(reference_csv), shapes,
+                                           read_meta(reference_csv).fresh_ms))
         record.measurements.append(candidate)
-        if record.full_validation:
-            record.reason = self._full_validation_problem(summary) or ""
         self.state.phase = "DECIDE"
-
-    def _full_validation_problem(self, summary: Summary) -> str | None:
-        """On every shape: all PASS and none slower than the baseline past the regression limit."""
-        everything = measure(summary, self.manifest.primary_metric, "", None)
-        if not everything.all_pass:
-            return f"full validation: FAIL on {', '.join(everything.failed)}"
-        assert self.state.baseline is not None
-        limit = 1.0 - self.rules.per_shape_regression_pct / 100.0
-        worse = [label for label, v in everything.per_shape.items() if v < limit * self.state.baseline.per_shape[label]]
-        return f"full validation: slower than the baseline on {', '.join(worse)}" if worse else None
 
     def _decide(self) -> None:
         record = self.state.current
         best_before = self.state.best
-        assert best_before is not None
+        assert best_before is not None and self.state.baseline is not None
+        metric = self.manifest.primary_metric
         if record.status == "OPEN":
-            verdict = decide(record.measurements, record.references or [best_before], self.manifest.primary_metric,
-                             self.rules, self.manifest.representative_shapes)
-            if record.reason.startswith("full validation"):
-                verdict = Decision("ROLLBACK", record.reason, verdict.gain_pct)
-            above = self._above_roofline(record) if verdict.verdict == "ACCEPT" else None
-            if above:
-                verdict = Decision("ROLLBACK", above, verdict.gain_pct)
+            last_csv = self.run_dir / record.measurements[-1].csv
+            verdict = decide(record.measurements, record.references or [best_before], metric, self.rules,
+                             self.manifest.representative_shapes)
+            full = (full_validation_problem(read_summary(last_csv), metric, self.state.baseline, self.rules)
+                    if record.full_validation else None)
+            roofline = above_roofline(self._analyses(last_csv), self.rules) if self.state.ceilings else None
+            verdict = with_overrides(verdict, full, roofline)
             if verdict.verdict == "REMEASURE":
                 self.say(f"DECIDE: {verdict.reason}: re-measuring")
                 self.state.phase = "VALIDATE"
                 return
             record.status = "ACCEPT" if verdict.verdict == "ACCEPT" else "ROLLBACK"
-            record.reason = verdict.reason + self._check_details(record)
+            last = record.measurements[-1]
+            record.reason = verdict.reason + ("" if last.all_pass else fail_details(last_csv, last.failed))
             record.gain_pct = verdict.gain_pct if math.isfinite(verdict.gain_pct) else None
+            record.fresh_gain_pct = verdict.fresh_gain_pct if math.isfinite(verdict.fresh_gain_pct) else None
+        ratios = (attribution(self.run_dir / record.measurements[-1].csv, self.run_dir / record.references[-1].csv)
+                  if record.measurements and record.references else {})
         if record.status == "ACCEPT":
-            self._accept(record)
+            self._accept(record, ratios)
         else:
-            self.lineage.discard_changes(self.state.best_commit)
+            self._restore()
             self.state.consecutive_rollbacks += 1
-        close_round(self.run_dir, self.state, record, self.manifest, best_before)
+        next_step = next_direction(record, standings(self.run_dir, self.state, metric))
+        close_round(self.run_dir, self.state, record, best_before, ratios, next_step,
+                    f"round {record.number + 1} next, unless a stop condition is met")
         self.say(f"DECIDE: [{'green' if record.status == 'ACCEPT' else 'red'}]{record.status}[/] {record.reason}")
         self.state.round += 1
         self.state.phase = "ANALYZE"
 
-    def _above_roofline(self, record: RoundRecord) -> str | None:
-        """A forward rate above `roofline_margin` times the shape's measured roofline cannot be real."""
-        if not self.state.ceilings:
-            return None
-        summary = read_summary(self.run_dir / record.measurements[-1].csv)
-        forward = summary.metric("forward")
-        analyses = analyze(self.spec, [s for s in self.shapes() if s.label in self.manifest.representative_shapes],
-                           summary, read_meta(self.run_dir / record.measurements[-1].csv).dtype,
-                           self.manifest.resolved_variant, self.state.ceilings)
-        margin = self.rules.roofline_margin
-        over = [f"{a.label} {forward[a.label]:.0f} > {margin:g} x {a.roofline_tflops:.0f} TFLOPS" for a in analyses
-                if forward[a.label] > margin * a.roofline_tflops]
-        return f"above the roofline (a measurement that cannot be real): {', '.join(over)}" if over else None
-
-    def _check_details(self, record: RoundRecord) -> str:
-        """Why rows FAILed: the harness's check message (an input written, a stale re-check...) or the SNRs."""
-        if not record.measurements or record.measurements[-1].all_pass:
-            return ""
-        csv = self.run_dir / record.measurements[-1].csv
-        errors = read_meta(csv).errors
-        summary = read_summary(csv)
-        snrs = summary.frame.set_index("label")[list(summary.schema.snr_columns)]
-        details = []
-        for label in record.measurements[-1].failed:
-            snr_text = ", ".join(f"{c.removesuffix('_snr')} {v:.1f} dB" for c, v in snrs.loc[label].items())
-            why = errors.get(label) or snr_text
-            details.append(f"; {label}: {why}")
-        return "".join(details)
-
-    def _accept(self, record: RoundRecord) -> None:
+    def _accept(self, record: RoundRecord, ratios: dict[str, dict[str, float]]) -> None:
         subject = f"[optimize] {self.manifest.op} {self.manifest.backend} round-{record.number}:"
         if self.lineage.head_message().startswith(subject):  # committed before a kill: do not commit twice
             record.commit = self.lineage.head()
         else:
-            message = (f"{subject} {record.description}\n\nHypothesis: {record.hypothesis}\n"
-                       f"Result: {record.reason}\n")
+            assert record.candidate is not None
+            self._restore()  # the tree may hold the best, re-measured next to the candidate: commit the candidate
+            self.lineage.apply(self.round_dir(record.number) / "candidate.diff")
+            message = (f"{subject} {record.summary}\n\nHypothesis: {record.candidate.hypothesis}\n"
+                       f"Result: {record.reason}\nDetails: {attribution_details(ratios)}; proposer "
+                       f"{record.candidate.proposer}, {len(record.measurements)} measurement(s)\n")
             record.commit = self.lineage.commit(self.manifest.files, message)
         metric = self.manifest.primary_metric
         ranked = sorted(record.measurements, key=lambda m: m.geomeans[metric])
@@ -431,31 +544,57 @@ class Campaign:
         self.state.consecutive_rollbacks = 0
 
     def _report(self) -> None:
-        self.lineage.discard_changes(self.state.best_commit)
+        self._restore()
+        metric, reps = self.manifest.primary_metric, self.manifest.representative_shapes
         final_dir = self.run_dir / "final"
         csv = final_dir / "benchmark.csv"
-        summary = self._measure(BenchRequest(self.run_dir / "shapes.yaml", csv, final_dir / "bench.log"),
-                                "the best on every shape")
-        final = measure(summary, self.manifest.primary_metric, self.rel(csv))
-        tips = [
-            Tip(op=self.manifest.op, backend=self.manifest.backend, device=self.state.device,
-                variant=self.manifest.resolved_variant, file=r.change.file, bucket=r.change.bucket,
-                knob=r.change.knob, old=r.change.old, new=r.change.new, outcome=r.status, gain_pct=r.gain_pct,
-                reason=r.reason, campaign=self.manifest.campaign)
-            for r in self.state.optimization_rounds() if r.change and r.status != "OPEN"
-        ]
-        write_tips(self.run_dir / "tips.yaml", tips)
-        write_report(self.run_dir, self.state, self.manifest, final, self._next_steps())
+        summary = self._bench(BenchRequest(self.run_dir / "shapes.yaml", csv, final_dir / "bench.log"),
+                              "the best on every shape")
+        fresh_ms = read_meta(csv).fresh_ms
+        self.state.final = score(summary, metric, self.rel(csv), None, fresh_ms)
+        self.state.final_representative = score(summary, metric, self.rel(csv), reps, fresh_ms)
+        self._check_reproduction(final_dir)
+        write_tips(self.run_dir / "tips.yaml", self._campaign_tips())
+        vendor_values = {v.name: v.per_shape for v in vendors(self.run_dir, metric)}
+        next_steps = [*self.proposer.next_steps(self.state), f"`turbo-opt learn {self.manifest.name}` adds this "
+                      "campaign's tips and findings to knowledge/ for the next one."]
+        write_report(self.run_dir, self.state, vendor_values, self._stop_conditions(), next_steps)
         self.say(f"REPORT: {self.run_dir / 'report.md'}")
         self.state.phase = "DONE"
 
-    def _next_steps(self) -> str:
-        open_families = [d for d in DIRECTIONS if d not in self.state.exhausted_directions]
-        lines = [f"- Knob families not exhausted: {', '.join(open_families) or 'none'}; "
-                 f"`turbo-opt start --manifest {self.rel(self.run_dir / 'manifest.yaml')}` with a new name continues "
-                 "from the accepted tuned tables and skips what this campaign found ineffective."]
-        if len(self.state.exhausted_directions) == len(DIRECTIONS):
-            lines.append("- The tuned tables are at a local optimum: the next gains need kernel changes "
-                         "(a `command` or `manual` proposer), not tuning.")
-        return "\n".join(lines)
+    def _check_reproduction(self, final_dir: Path) -> None:
+        """Do the accepted gains hold in a final bench of the best next to the start commit (paired, so a
+        machine that drifted since the baseline cannot fake or hide them)?"""
+        assert self.state.best is not None and self.state.final_representative is not None
+        metric = self.manifest.primary_metric
+        claimed = 100.0 * (self.speedup() - 1.0)
+        if self.state.best_commit == self.state.start_commit:
+            self.state.reproduced, self.state.reproduction = True, "no round was accepted: nothing to reproduce"
+            return
+        csv = final_dir / "start.csv"
+        self.lineage.restore(self.state.start_commit, self.manifest.files)
+        try:
+            start = self._bench(BenchRequest(self.run_dir / "representative.yaml", csv, final_dir / "start.log"),
+                                "the start commit next to the best")
+        finally:
+            self._restore()
+        start_score = score(start, metric, self.rel(csv), self.manifest.representative_shapes)
+        measured = 100.0 * (self.state.final_representative.geomeans[metric] / start_score.geomeans[metric] - 1.0)
+        floor = self.rules.noise_floor_pct
+        self.state.reproduced = measured >= claimed - floor
+        self.state.reproduction = (f"the accepted rounds claimed {claimed:+.2f}% on the representative shapes; the "
+                                   f"final bench of the best next to the start commit measured {measured:+.2f}% "
+                                   f"(noise floor {floor:g}%)")
 
+    def _campaign_tips(self) -> list[Tip]:
+        m = self.manifest
+        shapes = m.shapes if isinstance(m.shapes, str) else "custom shapes"
+        shape_class = f"{shapes}: {', '.join(m.representative_shapes)}"
+        return [
+            Tip(op=m.op, backend=m.backend, device=self.state.device, variant=m.resolved_variant,
+                shape_class=shape_class, summary=r.summary, hypothesis=r.candidate.hypothesis,
+                params=r.candidate.params, proposer=r.candidate.proposer, outcome=r.status, gain_pct=r.gain_pct,
+                reason=r.reason, campaign=m.name, commit=r.commit,
+                evidence=f"campaigns/runs/{m.name}/rounds/round-{r.number}/decision.json")
+            for r in self.state.closed_rounds() if r.candidate is not None
+        ]

@@ -1,29 +1,25 @@
 """Scores and decisions: pure functions over summary CSVs and the rules (no GPU, no git, no I/O).
 
-A measurement is scored per shape on each metric (forward, backward, and the combined step = all
-work over all time) and aggregated by geomean over PASS rows. `decide` applies
-rules/iteration_rules.yaml to a candidate's measurements against the best so far.
+A benchmark's summary is scored per shape on each metric (forward, backward, and the combined step
+= all work over all time) and aggregated by geomean over PASS rows into a Measurement. `decide`
+applies rules/iteration_rules.yaml to a candidate's measurements against the best so far.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from agent.state import Measurement
 from harness.rules import IterationRules
 from harness.schema import PASS, Summary
+from harness.stats import geomean
 
 METRICS = ("forward", "backward", "step")
 Verdict = Literal["ACCEPT", "ROLLBACK", "REMEASURE"]
-
-
-def geomean(values: Iterable[float]) -> float:
-    good = [v for v in values if v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan
 
 
 def fresh_metric(summary: Summary, metric: str, fresh_ms: Mapping[str, tuple[float, float]]) -> dict[str, float]:
@@ -39,7 +35,7 @@ def fresh_metric(summary: Summary, metric: str, fresh_ms: Mapping[str, tuple[flo
     return out
 
 
-def measure(
+def score(
     summary: Summary, metric: str, csv: str, labels: Sequence[str] | None = None,
     fresh_ms: Mapping[str, tuple[float, float]] | None = None,
 ) -> Measurement:
@@ -68,6 +64,7 @@ class Decision:
     verdict: Verdict
     reason: str
     gain_pct: float
+    fresh_gain_pct: float = math.nan
 
 
 def decide(
@@ -83,7 +80,9 @@ def decide(
     measurements) must beat the best and no shape may regress past the per-shape limit; a gain
     inside the noise floor is re-measured up to the rules' count and then accepted only if every
     measurement beat the best. An accepted gain must survive fresh input tensors
-    (`fresh_gain_fraction` of it), or it is overfit.
+    (`fresh_gain_fraction` of it), or it is overfit; and a candidate that is faster with reused
+    tensors than with fresh ones by `cache_gap_pct` more than the best is keeps results between
+    calls (a cache), whatever its gain.
     """
     if len(references) not in (1, len(candidate)):
         raise ValueError(f"{len(references)} reference measurements for {len(candidate)} candidate measurements")
@@ -91,6 +90,12 @@ def decide(
     last = candidate[-1]
     if not last.all_pass:
         return Decision("ROLLBACK", f"FAIL on {', '.join(last.failed)}", math.nan)
+    fresh = [m.fresh_geomean / ref.fresh_geomean - 1.0 for m, ref in pairs
+             if m.fresh_geomean is not None and ref.fresh_geomean is not None]
+    fresh_pct = 100.0 * statistics.median(fresh) if fresh else math.nan
+    cache = _cache_gap(pairs, metric, rules)
+    if cache:
+        return Decision("ROLLBACK", cache, math.nan, fresh_pct)
 
     def shape_ratios(label: str) -> list[float]:
         return [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs]
@@ -105,15 +110,28 @@ def decide(
     gains = [m.geomeans[metric] / ref.geomeans[metric] - 1.0 for m, ref in pairs]
     verdict = _decide_gain(gains, {label: statistics.median(shape_ratios(label)) for label in shapes}, metric,
                            rules, len(candidate))
-    fresh = [m.fresh_geomean / ref.fresh_geomean - 1.0 for m, ref in pairs
-             if m.fresh_geomean is not None and ref.fresh_geomean is not None]
+    verdict = Decision(verdict.verdict, verdict.reason, verdict.gain_pct, fresh_pct)
     if verdict.verdict != "ACCEPT" or not fresh:
         return verdict
-    fresh_pct = 100.0 * statistics.median(fresh)
     if fresh_pct < rules.fresh_gain_fraction * verdict.gain_pct:
         return Decision("ROLLBACK", f"overfit: {verdict.gain_pct:+.2f}% with reused tensors, {fresh_pct:+.2f}% with "
-                        "fresh ones", verdict.gain_pct)
-    return Decision("ACCEPT", f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)", verdict.gain_pct)
+                        "fresh ones", verdict.gain_pct, fresh_pct)
+    return Decision("ACCEPT", f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)", verdict.gain_pct, fresh_pct)
+
+
+def _cache_gap(pairs: Sequence[tuple[Measurement, Measurement]], metric: str, rules: IterationRules) -> str | None:
+    """A candidate that gains more from reusing the same input tensors than the best does keeps results
+    between calls: the fresh-tensor timing (new tensors every call, never repeated) shows its real speed."""
+    gaps = [(m.geomeans[metric] / m.fresh_geomean, ref.geomeans[metric] / ref.fresh_geomean) for m, ref in pairs
+            if m.fresh_geomean and ref.fresh_geomean]
+    if not gaps:
+        return None
+    excess = statistics.median(cand / ref for cand, ref in gaps) - 1.0
+    if excess * 100.0 <= rules.cache_gap_pct:
+        return None
+    cand, ref = gaps[-1]
+    return (f"result cache: {(cand - 1) * 100:+.1f}% faster with reused input tensors than with fresh ones "
+            f"(the best: {(ref - 1) * 100:+.1f}%; limit {rules.cache_gap_pct:g}% more)")
 
 
 def _decide_gain(
@@ -142,25 +160,3 @@ def _decide_gain(
 def stagnated(consecutive_rollbacks: int, rules: IterationRules) -> bool:
     """Enough consecutive rollbacks to abandon the current direction."""
     return consecutive_rollbacks >= rules.stagnation_rollbacks
-
-
-def termination_reason(
-    *,
-    rounds_done: int,
-    max_iterations: int,
-    elapsed_s: float,
-    max_duration_s: float,
-    speedup: float,
-    target_speedup: float | None,
-    stop_requested: bool,
-) -> str | None:
-    """Why the campaign must stop before another round, or None to go on."""
-    if stop_requested:
-        return "stopped by the user"
-    if target_speedup is not None and speedup >= target_speedup:
-        return f"target reached: {speedup:.3f}x >= {target_speedup:g}x"
-    if rounds_done >= max_iterations:
-        return f"max iterations reached ({max_iterations})"
-    if elapsed_s >= max_duration_s:
-        return f"max duration reached ({max_duration_s / 60:.0f} min)"
-    return None

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Sequence
 
 import pandas as pd
@@ -12,6 +11,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from harness.stats import geomean
 from harness.timing import Timer
 
 
@@ -47,5 +47,5 @@ def report(rows: list[dict], title: str, columns: Sequence[str], csv: str | None
     console.print(table)
     if "ratio" in frame:
         ratios = frame.dropna(subset=["ratio"]).groupby("pass")["ratio"]
-        geomeans = ratios.apply(lambda r: math.exp(r.map(math.log).mean()))
+        geomeans = ratios.apply(geomean)
         console.print("geomean ratio (anchor ms / ours ms) by pass:\n" + geomeans.to_string())

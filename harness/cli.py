@@ -11,6 +11,7 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,6 +22,7 @@ from harness.registry import get_spec
 from harness.rules import load_rules
 from harness.schema import PASS, read_summary
 from harness.shapes import Shape, load_shapes
+from harness.stats import geomean
 from harness.timing import INTERPRETER_NOTE, TIMING_MODES
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -47,11 +49,6 @@ def exit_on_user_error(fn: F) -> F:
 def _fmt(value: float, digits: int = 4) -> str:
     """`digits` significant digits; CPU-interpreter rates are tiny and must not print as 0.0."""
     return "nan" if math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.{digits}g}")
-
-
-def _geomean(values: list[float]) -> float:
-    good = [v for v in values if v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan
 
 
 def render_bench(run: BenchRun) -> Table:
@@ -91,7 +88,7 @@ def render_bench(run: BenchRun) -> Table:
     if baselines:
         cells = ["geomean (PASS rows)", *[""] * (len(schema.dims) + 3 + len(schema.snr_columns))]
         for name in baselines:
-            cells += [f"{_geomean(ratios[name][0]):.3f}x", f"{_geomean(ratios[name][1]):.3f}x"]
+            cells += [f"{geomean(ratios[name][0]):.3f}x", f"{geomean(ratios[name][1]):.3f}x"]
         table.add_row(*cells, style="bold")
     return table
 
@@ -100,8 +97,13 @@ SHAPES_HELP = "A preset of the op (see `turbo-opt ops`) or a .yaml shape file."
 CSV_HELP = "Write the frozen-schema summary CSV (and its .meta.json sidecar) here."
 BASELINES_HELP = "Also check and time the op's baselines, with ratio columns."
 DTYPE_HELP = "Input dtype; auto = bf16 on a GPU, fp16 under the CPU interpreter."
-FRESH_HELP = "Also time with new input tensors every call (sidecar fresh_ms): a gain must survive it."
+FRESH_HELP = ("Also time on new input sets, each once per pass, as many as the rules' fresh_input_sets (sidecar "
+              "fresh_ms): a gain must survive it.")
 VARIANT_HELP = "The op's variant, e.g. e4m3-rowwise for grouped_gemm_fp8 (see `turbo-opt ops`)."
+PROBE_HELP = ("Also check (not time) our kernel on unannounced ragged shapes and a value-range probe drawn from "
+              "this seed (sidecar probes, probe_errors); a failed probe fails the bench.")
+CHECKS_HELP = ("full: also the training, timed-output, thread and probe checks (what campaigns run); basic: "
+               "without them, to measure what they cost.")
 
 
 @exit_on_user_error
@@ -117,6 +119,8 @@ def bench(
     timing: Annotated[str | None, typer.Option(help=f"One of {', '.join(TIMING_MODES)} (default by device).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed of the random inputs.")] = 0,
     fresh_inputs: Annotated[bool, typer.Option(help=FRESH_HELP)] = False,
+    probe_seed: Annotated[int | None, typer.Option(help=PROBE_HELP)] = None,
+    checks: Annotated[str, typer.Option(help=CHECKS_HELP)] = "full",
     progress_file: Annotated[Path | None, typer.Option(help="Append each finished shape's label here.")] = None,
 ) -> None:
     """Check every shape against the float64 reference by SNR and time forward and backward."""
@@ -125,6 +129,7 @@ def bench(
         spec, load_shapes(spec.shape_family, shapes), shapes_source=shapes, dtype=dtype, variant=variant,
         timing_mode=timing,
         repeats=repeats, warmup=warmup, seed=seed, compare_baselines=compare_baselines, fresh_inputs=fresh_inputs,
+        checks=checks, probe_seed=probe_seed,
     )
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -141,15 +146,17 @@ def bench(
     console.print(render_bench(run))
     if run.timer.mode == "interpreter-wallclock":
         console.print(f"[yellow]note:[/yellow] {INTERPRETER_NOTE}")
-    for result in run.ours:
-        if result.error:
-            console.print(f"[red]{result.shape.label}[/red]: {result.error}", highlight=False)
+    errors = {r.shape.label: r.error for r in run.ours if r.error} | run.probe_errors
+    for label, error in errors.items():
+        console.print(f"[red]{escape(label)}[/red]: {escape(error)}", highlight=False)
     if summary_csv is not None:
         for path in write_bench(run, summary_csv):
             console.print(f"wrote {path}", highlight=False)
     failed = sum(r.check != PASS for r in run.ours)
-    console.print(f"{len(run.ours) - failed} PASS, {failed} FAIL")
-    raise typer.Exit(0 if failed == 0 else 1)
+    probes_failed = len(run.probe_errors)
+    probes = f"; probes: {len(run.probes) - probes_failed} PASS, {probes_failed} FAIL" if run.probes else ""
+    console.print(f"{len(run.ours) - failed} PASS, {failed} FAIL{probes}")
+    raise typer.Exit(0 if run.all_pass else 1)
 
 
 def render_gate(result: GateResult, base_name: str, cand_name: str) -> Table:

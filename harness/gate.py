@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from harness.errors import UserError
 from harness.schema import FAIL, Summary
+from harness.stats import geomean
 
 METRICS: tuple[str, ...] = ("forward", "backward", "step")
 
@@ -47,8 +48,7 @@ class GateResult:
 
     @property
     def geomean(self) -> float:
-        ratios = [s.ratio for s in self.shapes if s.comparable and s.ratio > 0]
-        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan
+        return geomean(s.ratio for s in self.shapes if s.comparable)
 
 
 def _check_same_shapes(base: Summary, cand: Summary) -> None:

@@ -6,6 +6,7 @@ import hashlib
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 import git
 import torch
@@ -51,6 +52,11 @@ class BenchMeta(BaseModel):
     fresh_ms: dict[str, tuple[float, float]] = {}
     # baseline name -> its summary CSV (same schema and labels), when baselines were run
     baseline_csvs: dict[str, str] = {}
+    # "full" (training, timed-output, thread and probe checks on our runner) or "basic" (without them)
+    checks: Literal["full", "basic"] = "full"
+    # labels of the unannounced probes our runner was checked on (--probe-seed), and why any failed
+    probes: list[str] = []
+    probe_errors: dict[str, str] = {}
 
 
 def harness_hash(harness_dir: Path = HARNESS_DIR) -> str:

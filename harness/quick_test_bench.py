@@ -4,26 +4,35 @@ For every shape: fresh seeded inputs, the float64 reference, then for our runner
 on the same inputs) the outputs are NaN-poisoned, forward and backward run once and every output
 is checked by SNR; then forward and backward are timed separately. A shape that raises is a FAIL
 row with NaN metrics, and the run goes on.
+
+Our runner is also checked the way training calls it (`--checks full`, the default): through the
+autograd API twice in a row, with grad disabled, on the outputs of its timed calls, with no thread
+left running; and, with a probe seed, on unannounced shapes and value ranges (harness/probes.py),
+which are not CSV rows: their labels and failures go to the sidecar.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import functools
 import math
 import re
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from harness.errors import UserError
 from harness.meta import BenchMeta, TimingInfo, environment, write_meta
+from harness.probes import Probe, accumulation_format, draw_probes
+from harness.rules import load_rules
 from harness.schema import FAIL, PASS, CsvSchema, get_schema, write_summary
 from harness.shapes import Shape, split_tokens
-from harness.snr import snr_db, snr_passes
+from harness.snr import snr_db, snr_passes, snr_threshold
 from harness.timing import INTERPRETER_NOTE, Timer, Timing
 from kernels.common.device import default_device, interpreter_mode
 from kernels.common.dtypes import dtype_from_name, dtype_name
@@ -83,9 +92,15 @@ class BenchRun:
     shapes_source: str
     seed: int
     timer: Timer
-    fresh_inputs: bool = False
+    # Input sets of the fresh-input timing (rules' fresh_input_sets); 0: not timed with fresh inputs.
+    fresh_sets: int = 0
+    checks: str = "full"
+    probe_seed: int | None = None
+    probes: list[Probe] = field(default_factory=list)
     # runner name -> one result per shape, in shape order; ours first
     results: dict[str, list[ShapeResult]] = field(default_factory=dict)
+    # probe label -> why our runner failed it
+    probe_errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def ours(self) -> list[ShapeResult]:
@@ -93,7 +108,7 @@ class BenchRun:
 
     @property
     def all_pass(self) -> bool:
-        return all(r.check == PASS for r in self.ours)
+        return all(r.check == PASS for r in self.ours) and not self.probe_errors
 
 
 def resolve_dtype(spec: OpSpec, name: str, device: torch.device) -> torch.dtype:
@@ -124,28 +139,51 @@ def _failed(shape: Shape, dims: dict[str, int], error: str, flops: tuple[float, 
     return ShapeResult(shape, dims, FAIL, {}, NAN_TIMING, NAN_TIMING, flops, error)
 
 
-# A second, independent set of input values for the re-check after timing.
+# Seed offsets of the other input sets of a shape: the re-check after timing, the fresh-input timing
+# and the training check each get their own values.
 RECHECK_SEED_OFFSET = 7919
+FRESH_SEED_OFFSET = 1
+TRAINING_SEED_OFFSET = 104729
 # An output whose norm is this small next to the reference's has not computed anything.
 NEAR_ZERO_NORM = 1e-3
+CHECK_LEVELS: tuple[str, ...] = ("full", "basic")
+
+T = TypeVar("T")
 
 
 class CheckFailed(Exception):
     """A correctness check failed for a reason SNR alone would not name."""
 
 
+def _returned_done(call: Callable[[], T], watch: bool) -> T:
+    """Run one call of the op; watched, a Python thread it started and left running fails the check:
+    a result must be complete when the call returns, not finished later behind the checker's back."""
+    if not watch:
+        return call()
+    before = set(threading.enumerate())
+    result = call()
+    # Threads Python did not start (the autograd engine's device threads) show up as dummies once they
+    # run Python code: they are not the op's.
+    left = [t for t in threading.enumerate()
+            if t not in before and t.is_alive() and not isinstance(t, threading._DummyThread)]
+    if left:
+        names = ", ".join(t.name for t in left)
+        raise CheckFailed(f"thread: left {len(left)} thread(s) running after returning ({names})")
+    return result
+
+
 def _check_outputs(
     spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, outputs: Tensors,
-    names: tuple[str, ...],
+    names: tuple[str, ...], watch_threads: bool = False,
 ) -> dict[str, float]:
     """Poison the outputs, run, and return the SNR of each output; raise CheckFailed on an input
-    written by the runner or an output of near-zero norm."""
+    written by the runner, an output of near-zero norm, or (watch_threads) a thread left running."""
     before = {k: v.clone() for k, v in inputs.items()}
     for t in outputs.values():
         t.fill_(math.nan)
-    produced = runner.forward(problem, inputs, outputs) or {}
+    produced = _returned_done(lambda: runner.forward(problem, inputs, outputs), watch_threads) or {}
     if runner.backward:
-        produced |= runner.backward(problem, inputs, outputs) or {}
+        produced |= _returned_done(lambda: runner.backward(problem, inputs, outputs), watch_threads) or {}
     _synchronize(problem.device)
     written = [k for k, v in inputs.items() if not torch.equal(v, before[k])]
     if written:
@@ -160,71 +198,147 @@ def _check_outputs(
 
 
 def _failing(snrs: dict[str, float], formats: dict[str, str]) -> list[str]:
-    return [f"{name} {snr:.1f} dB" for name, snr in snrs.items() if not snr_passes(snr, formats[name])]
+    """"<output> <SNR> dB < <threshold> dB (<format>)" for each output under its format's threshold."""
+    return [f"{name} {snr:.1f} dB < {snr_threshold(formats[name]):g} dB ({formats[name]})"
+            for name, snr in snrs.items() if not snr_passes(snr, formats[name])]
+
+
+def _expect_right(results: Tensors, ref: Tensors, names: tuple[str, ...], formats: dict[str, str],
+                  what: str) -> None:
+    """Raise CheckFailed("<what>: <outputs and dB>") unless every output clears its SNR threshold."""
+    wrong = _failing({name: snr_db(results[name], ref[name]) for name in names}, formats)
+    if wrong:
+        raise CheckFailed(f"{what}: {', '.join(wrong)}")
+
+
+def _other_inputs(spec: OpSpec, problem: Problem, offset: int) -> Tensors:
+    """Another input set of the same shape (new tensors, new values)."""
+    return spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + offset))
 
 
 def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors) -> None:
     """New values in the same tensors (same id and data_ptr): what a training step does to its buffers."""
-    fresh = spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + RECHECK_SEED_OFFSET))
+    fresh = _other_inputs(spec, problem, RECHECK_SEED_OFFSET)
     for name, tensor in inputs.items():
         if tensor.is_floating_point():
             tensor.copy_(fresh[name])
 
 
-FRESH_INPUT_SETS = 3
+def _fill_garbage(outputs: Tensors, seed: int) -> None:
+    """Finite random values in every output buffer: a kernel that skips work when its buffer already
+    holds something other than NaN leaves them there, for the timed-output check to find."""
+    for t in outputs.values():
+        t.normal_(generator=torch.Generator(device=t.device).manual_seed(seed))
 
 
-def _time_fresh(spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, outputs: Tensors,
-                timer: Timer) -> tuple[Timing, Timing]:
-    """Time with a different set of input tensors on every call (rotating through FRESH_INPUT_SETS):
-    what a training step sees, and what defeats results kept from the previous call."""
-    sets = [inputs] + [spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + 1 + i))
-                       for i in range(FRESH_INPUT_SETS - 1)]
-    fwd_calls = itertools.cycle([(lambda s=s: runner.forward(problem, s, outputs)) for s in sets])
-    fwd = timer.time(lambda: next(fwd_calls)())
+def _check_grad_disabled(spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors,
+                         outputs: Tensors, names: tuple[str, ...], formats: dict[str, str]) -> None:
+    """The direct check again with grad disabled, as autograd runs a Function's forward and backward."""
+    with torch.no_grad():
+        wrong = _failing(_check_outputs(spec, runner, problem, inputs, ref, outputs, names, watch_threads=True),
+                         formats)
+    if wrong:
+        raise CheckFailed(f"autograd: wrong with grad disabled: {', '.join(wrong)}")
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.numel() > 0 and b.numel() > 0 and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _check_training(spec: OpSpec, problem: Problem, formats: dict[str, str]) -> None:
+    """Two training steps in a row through the op's autograd API (`spec.train_step`), on two input sets
+    of the same shape, both results kept alive, as two layers of one shape are: each right, the second
+    sharing no storage with the first, and the first unchanged by the second call."""
+    names = spec.outputs
+    sets = [_other_inputs(spec, problem, TRAINING_SEED_OFFSET + i) for i in range(2)]
+    first = _returned_done(lambda: spec.train_step(problem, sets[0]), watch=True)
+    _expect_right(first, spec.reference(sets[0]), names, formats, "autograd")
+    # A copy, not the float64 reference, to compare with after the second call: a quarter of its memory.
+    kept = {name: first[name].clone() for name in names}
+    second = _returned_done(lambda: spec.train_step(problem, sets[1]), watch=True)
+    shared = [name for name in names if _shares_storage(first[name], second[name])]
+    if shared:
+        raise CheckFailed(f"aliasing: the second call's {', '.join(shared)} shares storage with the first's")
+    changed = [name for name in names if not torch.equal(first[name], kept[name])]
+    if changed:
+        raise CheckFailed(f"aliasing: the first call's {', '.join(changed)} changed when the op was called again")
+    _expect_right(second, spec.reference(sets[1]), names, formats, "autograd")
+
+
+def _time_fresh(spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, outputs: Tensors, timer: Timer,
+                count: int) -> tuple[Timing, Timing, Tensors]:
+    """Time with `count` input sets (new tensors, new values), each timed once per pass after one warm-up
+    call on the reused inputs: what a training step sees, and what a cache keyed on its inputs misses on
+    every timed call, whatever the repeats. Returns the timings and the set the last calls used."""
+    sets = [_other_inputs(spec, problem, FRESH_SEED_OFFSET + i) for i in range(count)]
+    runner.forward(problem, inputs, outputs)
+    fwd = timer.time_each([functools.partial(runner.forward, problem, s, outputs) for s in sets])
     if not runner.backward:
-        return fwd, NAN_TIMING
-    bwd_calls = itertools.cycle([(lambda s=s: runner.backward(problem, s, outputs)) for s in sets])
-    return fwd, timer.time(lambda: next(bwd_calls)())
+        return fwd, NAN_TIMING, sets[-1]
+    runner.backward(problem, inputs, outputs)
+    return fwd, timer.time_each([functools.partial(runner.backward, problem, s, outputs) for s in sets]), sets[-1]
 
 
 def run_runner(
     spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
-    dims: dict[str, int], timer: Timer, extra_checks: list[Problem] = (), fresh_inputs: bool = False,
+    dims: dict[str, int], timer: Timer, extra_checks: Sequence[Problem] = (), fresh_sets: int = 0,
+    full_checks: bool = False,
 ) -> ShapeResult:
     """Check one runner on one shape, time fwd and bwd, then check again.
 
     Checks: outputs NaN-poisoned first, inputs unchanged, no near-zero output, SNR per output; then
     every problem of `extra_checks` (other splits of a grouped shape); after timing, the same input
     tensors refilled with new values must give correct results again (a cache keyed on tensor
-    identity or results that go wrong after some calls fail here). A forward-only baseline is checked
-    and timed on the forward alone (backward columns NaN).
+    identity or results that go wrong after some calls fail here). With `fresh_sets`, also timed on
+    that many fresh input sets. A forward-only baseline is checked and timed on the forward alone
+    (backward columns NaN).
+
+    `full_checks` (our runner under `--checks full`) adds the checks that follow what training does:
+    no thread left running by a checked call; the direct check again with grad disabled; the outputs
+    of the timed calls (into buffers of finite garbage, and of the last fresh set); and two training
+    steps through the autograd API (`_check_training`), after timing so that a verdict on the timed
+    calls does not depend on what the allocator handed the training step.
     """
     flops = spec.flops(problem)
     backward = runner.backward
     checked = spec.outputs if backward else spec.forward_outputs
     formats = spec.snr_formats(problem)
+    fresh_fwd = fresh_bwd = NAN_TIMING
     try:
         outputs = spec.make_outputs(problem, inputs)
-        snrs = _check_outputs(spec, runner, problem, inputs, ref, outputs, checked)
+        snrs = _check_outputs(spec, runner, problem, inputs, ref, outputs, checked, watch_threads=full_checks)
         failing = _failing(snrs, formats)
         for extra in extra_checks:
             extra_inputs = spec.make_inputs(extra)
             extra_snrs = _check_outputs(spec, runner, extra, extra_inputs, spec.reference(extra_inputs),
-                                        spec.make_outputs(extra, extra_inputs), checked)
+                                        spec.make_outputs(extra, extra_inputs), checked, watch_threads=full_checks)
             wrong = _failing(extra_snrs, formats)
             if wrong:
                 raise CheckFailed(f"wrong on split {list(extra.group_lens)}: {', '.join(wrong)}")
+        checking = full_checks and not failing
+        if checking:
+            _check_grad_disabled(spec, runner, problem, inputs, ref, outputs, checked, formats)
+            _fill_garbage(outputs, problem.seed)
         fwd = timer.time(lambda: runner.forward(problem, inputs, outputs))
         bwd = timer.time(lambda: backward(problem, inputs, outputs)) if backward else NAN_TIMING
-        fresh_fwd, fresh_bwd = (_time_fresh(spec, runner, problem, inputs, outputs, timer) if fresh_inputs
-                                else (NAN_TIMING, NAN_TIMING))
+        # CUDA-graph replays run the captured kernels and none of the op's Python, so no per-call
+        # decision (the skipped work this check looks for) can differ between the captured call and
+        # the timed ones; the audit refuses code that behaves differently under capture.
+        if checking and timer.mode != "cuda-graph":
+            _expect_right(outputs, ref, checked, formats, "timed output")
+        if fresh_sets:
+            fresh_fwd, fresh_bwd, last = _time_fresh(spec, runner, problem, inputs, outputs, timer, fresh_sets)
+            if checking:
+                _expect_right(outputs, spec.reference(last), checked, formats, "timed output (last fresh input set)")
+            del last  # an input set's memory, before the references below
         if not failing:
             _refill_in_place(spec, problem, inputs)
-            recheck = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), outputs, checked),
-                               formats)
+            recheck = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), outputs, checked,
+                                              watch_threads=full_checks), formats)
             if recheck:
                 raise CheckFailed(f"wrong after timing on refilled inputs: {', '.join(recheck)}")
+        if checking and spec.train_step:
+            _check_training(spec, problem, formats)
     except CheckFailed as exc:
         return _failed(shape, dims, f"check: {exc}", flops)
     except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
@@ -247,26 +361,60 @@ def skew_checks(problem: Problem) -> list[Problem]:
     return [dataclasses.replace(problem, group_lens=tuple(s)) for s in splits if tuple(s) != tuple(lens)]
 
 
-def run_shape(
-    spec: OpSpec, runners: Sequence[Runner], shape: Shape, dims: dict[str, int], dtype: torch.dtype,
-    device: torch.device, seed: int, timer: Timer, variant: str = "default", fresh_inputs: bool = False,
-) -> dict[str, ShapeResult]:
+def run_shape(run: BenchRun, shape: Shape) -> dict[str, ShapeResult]:
     """Every runner on one shape, all on the same inputs and reference."""
-    problem = Problem(dims=dims, dtype=dtype, device=device, seed=shape_seed(seed, shape.label),
-                      group_lens=shape.group_lens, variant=variant)
+    spec, dims = run.spec, run.dims[shape.label]
+    problem = Problem(dims=dims, dtype=run.dtype, device=run.timer.device, seed=shape_seed(run.seed, shape.label),
+                      group_lens=shape.group_lens, variant=run.variant)
     try:
         inputs = spec.make_inputs(problem)
         ref = spec.reference(inputs)
     except Exception as exc:
         error = _describe(exc)
-        return {r.name: _failed(shape, dims, error, (math.nan, math.nan)) for r in runners}
-    # Extra splits are checked for our kernel only: baselines are the vendor's, trusted.
+        return {r.name: _failed(shape, dims, error, (math.nan, math.nan)) for r in run.runners}
+    # Extra splits, fresh-input timing and the full checks are for our kernel only: baselines are the
+    # vendor's, trusted.
     extra = skew_checks(problem)
-    results = {r.name: run_runner(spec, r, problem, inputs, ref, shape, dims, timer,
-                                  extra if r is spec.runner else [], fresh_inputs and r is spec.runner)
-               for r in runners}
+    results = {}
+    for r in run.runners:
+        ours = r is spec.runner
+        results[r.name] = run_runner(spec, r, problem, inputs, ref, shape, dims, run.timer, extra if ours else [],
+                                     run.fresh_sets if ours else 0, ours and run.checks == "full")
     del inputs, ref
     return results
+
+
+def check_probe(run: BenchRun, probe: Probe) -> str | None:
+    """Check our runner on one probe (never timed): None if right, else why not ("check: ..." or the
+    exception). A ragged shape gets the full checks, forward and backward, the training check included;
+    the accumulation probe runs the forward alone, scaled inputs into an fp32 output buffer."""
+    spec, problem = run.spec, probe.problem(run.dtype, run.timer.device, run.variant)
+    runner, formats = spec.runner, spec.snr_formats(problem)
+    try:
+        inputs = spec.make_inputs(problem)
+        outputs = spec.make_outputs(problem, inputs)
+        if probe.accumulation:
+            for t in inputs.values():
+                if t.is_floating_point():
+                    t.mul_(probe.scale)
+            outputs["out"] = torch.empty_like(outputs["out"], dtype=torch.float32)
+            runner = dataclasses.replace(runner, backward=None)
+            formats = {"out": accumulation_format(formats["out"])}
+        names = spec.outputs if runner.backward else spec.forward_outputs
+        ref = spec.reference(inputs)
+        wrong = _failing(_check_outputs(spec, runner, problem, inputs, ref, outputs, names, watch_threads=True),
+                         formats)
+        if wrong:
+            raise CheckFailed(f"wrong: {', '.join(wrong)}")
+        if not probe.accumulation:
+            _check_grad_disabled(spec, runner, problem, inputs, ref, outputs, names, formats)
+            if spec.train_step:
+                _check_training(spec, problem, formats)
+    except CheckFailed as exc:
+        return f"check: {exc}"
+    except Exception as exc:  # a probe that raises fails like a shape, and the run goes on
+        return _describe(exc)
+    return None
 
 
 def prepare_bench(
@@ -282,11 +430,20 @@ def prepare_bench(
     seed: int = 0,
     compare_baselines: bool = False,
     fresh_inputs: bool = False,
+    checks: str = "full",
+    probe_seed: int | None = None,
 ) -> BenchRun:
-    """Validate everything about a benchmark (raising UserError) before any work starts."""
+    """Validate everything about a benchmark (raising UserError) before any work starts.
+
+    `checks`: "full" (what campaigns run) or "basic" (the checks before the training, timed-output,
+    thread and probe checks: it exists to measure their cost). `probe_seed` draws the unannounced
+    probes (full checks only; none without it).
+    """
     schema = get_schema(spec.schema)
     if schema.outputs != spec.outputs:
         raise UserError(f"op {spec.name} checks outputs {spec.outputs}, schema '{schema.name}' has {schema.outputs}")
+    if checks not in CHECK_LEVELS:
+        raise UserError(f"unknown check level '{checks}' (use one of {', '.join(CHECK_LEVELS)})")
     device = default_device()
     torch_dtype = resolve_dtype(spec, dtype, device)
     variant = variant or spec.variants[0]
@@ -300,20 +457,28 @@ def prepare_bench(
     baselines = [b for b in spec.baselines if b.supports(variant)] if compare_baselines else []
     if fresh_inputs and timer.mode == "cuda-graph":
         raise UserError("fresh-input timing rotates input tensors: it needs cuda-events or wall-clock timing")
+    rules = load_rules()
+    probes = (draw_probes(spec.shape_family, spec.fp32_accumulation, probe_seed, rules.probe_shapes,
+                          interpreter_mode()) if probe_seed is not None and checks == "full" else [])
     return BenchRun(spec, schema, list(shapes), dims, [spec.runner, *baselines], torch_dtype, variant,
-                    shapes_source, seed, timer, fresh_inputs)
+                    shapes_source, seed, timer, rules.fresh_input_sets if fresh_inputs else 0, checks, probe_seed,
+                    probes)
 
 
 def execute_bench(run: BenchRun, on_shape: Callable[[Shape], None] | None = None) -> BenchRun:
-    """Check and time every runner on every shape; `on_shape` is called after each shape."""
+    """Check and time every runner on every shape (`on_shape` is called after each), then check our
+    runner on the probes."""
     run.results = {r.name: [] for r in run.runners}
     for shape in run.shapes:
-        results = run_shape(run.spec, run.runners, shape, run.dims[shape.label], run.dtype,
-                            run.timer.device, run.seed, run.timer, run.variant, run.fresh_inputs)
-        for name, result in results.items():
+        for name, result in run_shape(run, shape).items():
             run.results[name].append(result)
         if on_shape:
             on_shape(shape)
+    run.probe_errors = {}
+    for probe in run.probes:
+        error = check_probe(run, probe)
+        if error:
+            run.probe_errors[probe.label] = error
     return run
 
 
@@ -338,7 +503,7 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
                  for name in run.results}
     written = []
     for name, results in run.results.items():
-        path = csv_paths[name]
+        path, ours = csv_paths[name], name == run.spec.runner.name
         write_summary(path, run.schema, [r.row(run.schema) for r in results])
         meta = BenchMeta(
             op=run.spec.name, runner=name, csv_schema=run.schema.name, dtype=dtype_name(run.dtype),
@@ -347,7 +512,10 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
             errors={r.shape.label: r.error for r in results if r.error},
             fresh_ms={r.shape.label: (r.fresh_fwd.median_ms, r.fresh_bwd.median_ms) for r in results
                       if math.isfinite(r.fresh_fwd.median_ms)},
-            baseline_csvs={n: p.name for n, p in csv_paths.items() if name == run.spec.runner.name and p != path},
+            baseline_csvs={n: p.name for n, p in csv_paths.items() if ours and p != path},
+            checks=run.checks,
+            probes=[p.label for p in run.probes] if ours else [],
+            probe_errors=run.probe_errors if ours else {},
             **env,
         )
         written += [path, write_meta(path, meta)]

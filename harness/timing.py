@@ -1,6 +1,7 @@
 """Timing: CUDA events around each call, L2 flushed before each (outside the timed region), median
 and population stddev over the repeats; a CUDA-graph mode that replays a captured call; and a
 wall-clock fallback for the CPU interpreter, whose numbers prove the plumbing, never performance.
+`time_each` times a sequence of different calls once each (fresh input sets) by the same method.
 """
 
 from __future__ import annotations
@@ -75,19 +76,29 @@ class Timer:
         return self._flush is not None
 
     def time(self, fn: Callable[[], object]) -> Timing:
-        if self.mode == "interpreter-wallclock":
-            return self._time_wallclock(fn)
+        """`warmup` untimed calls of fn, then `repeats` timed ones (replays of one captured call in
+        cuda-graph mode)."""
         for _ in range(self.warmup):
             fn()
         if self.mode == "cuda-graph":
             fn = self._capture(fn)
-        return self._time_events(fn)
+        return self._time_calls([fn] * self.repeats)
 
-    def _time_wallclock(self, fn: Callable[[], object]) -> Timing:
-        for _ in range(self.warmup):
-            fn()
+    def time_each(self, calls: Sequence[Callable[[], object]]) -> Timing:
+        """Each call timed once, in order, with no warm-up (the caller warms up): timing a different input
+        set per call, whatever the repeats. Not in cuda-graph mode, which replays one captured call."""
+        if self.mode == "cuda-graph":
+            raise ValueError("cuda-graph timing replays one captured call: it cannot time a sequence of calls")
+        return self._time_calls(calls)
+
+    def _time_calls(self, calls: Sequence[Callable[[], object]]) -> Timing:
+        if self.mode == "interpreter-wallclock":
+            return self._time_wallclock(calls)
+        return self._time_events(calls)
+
+    def _time_wallclock(self, calls: Sequence[Callable[[], object]]) -> Timing:
         samples = []
-        for _ in range(self.repeats):
+        for fn in calls:
             start = time.perf_counter()
             fn()
             if self.device.type == "cuda":
@@ -95,11 +106,11 @@ class Timer:
             samples.append((time.perf_counter() - start) * 1e3)
         return summarize(samples)
 
-    def _time_events(self, fn: Callable[[], object]) -> Timing:
+    def _time_events(self, calls: Sequence[Callable[[], object]]) -> Timing:
         assert self._flush is not None
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.repeats)]
-        for start, end in zip(starts, ends, strict=True):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in calls]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in calls]
+        for fn, start, end in zip(calls, starts, ends, strict=True):
             self._flush.zero_()
             start.record()
             fn()

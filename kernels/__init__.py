@@ -12,3 +12,6 @@ import torch
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this must run before kernel modules load.
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+# Fixed here for the same reason; kernels/common/device.py reads it, so no other kernel file needs os
+# (the audit refuses it in kernel files).
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -3,7 +3,10 @@ import json
 import math
 
 import pytest
+from typer.testing import CliRunner
 
+import kernels.gemm
+from harness.__main__ import app
 from harness.meta import harness_hash, read_meta
 from harness.quick_test_bench import run_bench, write_bench
 from harness.registry import get_spec, op_names
@@ -103,9 +106,10 @@ def _cheating(spec, forward=None, backward=None):
     return dataclasses.replace(spec, runner=runner)
 
 
-def _only(spec, **cheat):
+def _only(spec, checks="full", **cheat):
     shape = Shape(label="s", dims={"M": 64, "N": 48, "K": 32})
-    (result,) = run_bench(_cheating(spec, **cheat), [shape], shapes_source="t", repeats=2, warmup=1).ours
+    (result,) = run_bench(_cheating(spec, **cheat), [shape], shapes_source="t", repeats=2, warmup=1,
+                          checks=checks).ours
     return result
 
 
@@ -135,7 +139,8 @@ def test_an_identity_keyed_cache_fails_the_recheck_after_timing():
     assert result.check == "FAIL" and "wrong after timing on refilled inputs: out" in result.error
 
 
-def test_results_that_go_wrong_after_a_few_calls_fail():
+@pytest.mark.parametrize(("checks", "message"), [("basic", "wrong after timing"), ("full", "check: timed output: out")])
+def test_results_that_go_wrong_after_a_few_calls_fail(checks, message):
     spec = get_spec("gemm")
     calls = [0]
 
@@ -145,7 +150,8 @@ def test_results_that_go_wrong_after_a_few_calls_fail():
         if calls[0] > 3:
             outputs["out"].mul_(0.5)
 
-    assert "wrong after timing" in _only(spec, forward=forward).error
+    # The full checks see the timed calls' outputs go wrong; the basic ones only the re-check after timing.
+    assert message in _only(spec, checks=checks, forward=forward).error
 
 
 def test_zeros_fail_with_their_own_reason():
@@ -171,3 +177,36 @@ def test_grouped_checks_cover_skew_even_on_uniform_shapes():
     (result,) = run_bench(_cheating(spec, forward=uniform_only), [shape], shapes_source="t", repeats=1,
                           warmup=0).ours
     assert (result.check == "FAIL" and "wrong on split" in result.error) or "~zero" in result.error
+
+
+def test_probes_go_to_the_sidecar_not_the_csv(tmp_path):
+    shape = Shape(label="s", dims={"M": 64, "N": 48, "K": 32})
+    run = run_bench(get_spec("gemm"), [shape], shapes_source="t", repeats=1, warmup=0, probe_seed=3)
+    write_bench(run, tmp_path / "out.csv")
+    meta = read_meta(tmp_path / "out.csv")
+    assert meta.checks == "full" and meta.probe_errors == {}
+    assert meta.probes == [p.label for p in run.probes] and meta.probes[0].startswith("probe/ragged-1 (B=1,M=")
+    assert read_summary(tmp_path / "out.csv").labels == ["s"]
+
+
+def test_a_failed_probe_fails_the_bench_unless_checks_are_basic(tmp_path, monkeypatch):
+    real = kernels.gemm.matmul
+
+    def matmul(a, b, out=None, out_dtype=None, config=None):  # right only when every dim is even
+        result = real(a, b, out=out, out_dtype=out_dtype, config=config)
+        return result.mul_(0.5) if any(d % 2 for d in (*a.shape, b.shape[1])) else result
+
+    monkeypatch.setattr(kernels.gemm, "matmul", matmul)
+    (tmp_path / "even.yaml").write_text("- {label: even, M: 64, N: 48, K: 32}\n")
+    args = ["bench", "--op", "gemm", "--shapes", str(tmp_path / "even.yaml"), "--repeats", "1",
+            "--summary-csv", str(tmp_path / "out.csv"), "--probe-seed", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "probe/ragged-1 (B=1," in result.output and "check: wrong: out" in result.output
+    assert "1 PASS, 0 FAIL; probes:" in result.output
+    assert read_meta(tmp_path / "out.csv").probe_errors
+    basic = CliRunner().invoke(app, [*args, "--checks", "basic"])
+    assert basic.exit_code == 0, basic.output
+    assert read_meta(tmp_path / "out.csv").checks == "basic" and read_meta(tmp_path / "out.csv").probes == []
+    bad = CliRunner().invoke(app, [*args, "--checks", "none"])
+    assert bad.exit_code == 2 and "unknown check level 'none'" in bad.output

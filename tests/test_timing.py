@@ -23,6 +23,13 @@ def test_wallclock_timer_calls_warmup_plus_repeats():
     assert len(calls) == 6 and t.samples == 4 and t.median_ms >= 0
 
 
+def test_time_each_times_every_call_once_without_warmup_whatever_the_repeats():
+    calls = []
+    timer = Timer(torch.device("cpu"), repeats=50, warmup=10)
+    t = timer.time_each([lambda i=i: calls.append(i) for i in range(5)])
+    assert calls == [0, 1, 2, 3, 4] and t.samples == 5
+
+
 def test_gpu_modes_refuse_the_cpu():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         Timer(torch.device("cpu"), mode="cuda-events")

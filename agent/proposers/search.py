@@ -2,9 +2,15 @@
 
 It reads the op's `kernels/<op>/tuning.py` (TUNABLE_SPACE, TUNED_TABLE, `buckets_for`, which
 says which buckets the campaign's shapes use, and `fits`, which rejects configs the GPU cannot
-run), proposes moving one knob of one used bucket to a
-neighbouring value of its declared space, never a value already evaluated, ordered by expected
-gain, and applies it by rewriting the TUNED_TABLE literal in place: a one-line source diff.
+run), proposes moving one knob of one used bucket to a neighbouring value of its declared space,
+never a value already evaluated, ordered by expected gain, and applies it by rewriting the
+TUNED_TABLE literal in place: a one-line source diff.
+
+Knobs come in families (tile, pipeline, warps, launch order); the search works one family at a
+time, starting where the roofline analysis points (compute-bound shapes: tiles and pipelining
+first; memory-bound ones: launch order), and moves on when a family has nothing left or the
+runner reports stagnation. Everything about buckets and knobs lives here: the rest of the runner
+sees a Proposal with params.
 """
 
 from __future__ import annotations
@@ -12,10 +18,16 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from agent.proposers import Proposal, ProposalContext
-from agent.state import Change
+from agent.analysis import ShapeAnalysis
+from agent.knowledge import Tip
+from agent.manifest import Manifest
+from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
+from agent.state import CampaignState, Proposal, RoundRecord
+from harness.errors import UserError
 
 # Knob families: a campaign works one direction at a time and switches on stagnation.
 DIRECTIONS: dict[str, tuple[str, ...]] = {
@@ -33,6 +45,7 @@ PRIOR_GAIN_PCT: dict[tuple[str, int], float] = {
     ("num_warps", +1): 1.5, ("num_warps", -1): 1.0,
     ("GROUP_M", +1): 1.0, ("GROUP_M", -1): 1.0,
 }
+Move = tuple[str, str, str, int]  # (file, bucket, knob, value)
 
 
 def tuning_file(op: str) -> str:
@@ -71,20 +84,58 @@ def rewrite_table(path: Path, table: dict[str, dict[str, int]]) -> None:
     path.write_text("".join(lines[: node.lineno - 1]) + new + "".join(lines[node.end_lineno :]))
 
 
-class SearchProposer:
-    def buckets(self, context: ProposalContext) -> set[str]:
-        buckets_for = importlib.import_module(f"kernels.{context.op}.tuning").buckets_for
-        return set().union(*(buckets_for(dims, context.variant) for dims in context.shape_dims))
+def preferred_directions(analyses: Sequence[ShapeAnalysis]) -> list[str]:
+    """Compute-bound shapes gain from bigger tiles and deeper pipelines first; memory-bound ones from
+    launch order (L2 reuse) and tile shape."""
+    compute = sum(a.bound == "compute" for a in analyses) >= len(analyses) / 2
+    return ["tile", "pipeline", "warps", "launch-order"] if compute else ["launch-order", "tile", "warps", "pipeline"]
 
-    def candidates(self, context: ProposalContext) -> list[Proposal]:
-        """Every untried one-step move of a knob of the current direction that fits the GPU (the tuning
-        module's `fits`, e.g. shared memory), best expected gain first."""
-        file = tuning_file(context.op)
+
+def _is_move(params: dict) -> bool:
+    return {"file", "bucket", "knob", "old", "new"} <= set(params)
+
+
+def visited_moves(history: Iterable[RoundRecord], tips: Iterable[Tip]) -> frozenset[Move]:
+    """Moves already evaluated in this campaign (either end of each), and moves tips record as ineffective."""
+    seen = {(t.params["file"], t.params["bucket"], t.params["knob"], t.params["new"])
+            for t in tips if t.outcome != "ACCEPT" and _is_move(t.params)}
+    for record in history:
+        params = record.candidate.params if record.candidate else {}
+        if record.status != "OPEN" and _is_move(params):
+            seen |= {(params["file"], params["bucket"], params["knob"], v) for v in (params["old"], params["new"])}
+    return frozenset(seen)
+
+
+def learned_gains(tips: Iterable[Tip]) -> dict[tuple[str, int], float]:
+    """Mean accepted gain (%) by (knob, +1 up / -1 down)."""
+    gains: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for t in tips:
+        if t.outcome == "ACCEPT" and t.gain_pct is not None and _is_move(t.params):
+            gains[(t.params["knob"], 1 if t.params["new"] > t.params["old"] else -1)].append(t.gain_pct)
+    return {k: sum(v) / len(v) for k, v in gains.items()}
+
+
+class SearchProposer(Proposer):
+    name = "search"
+
+    def check(self, manifest: Manifest) -> None:
+        if tuning_file(manifest.op) not in manifest.files:
+            raise UserError(f"the search proposer rewrites {tuning_file(manifest.op)}: keep it in mutable_files")
+
+    def candidates(self, context: RoundContext, direction: str) -> list[Proposal]:
+        """Every untried one-step move of a knob of `direction` that fits the GPU (the tuning module's
+        `fits`, e.g. shared memory), best expected gain first."""
+        op, variant = context.manifest.op, context.manifest.resolved_variant
+        file = tuning_file(op)
         space, table = read_tuning(context.root / file)
-        fits = getattr(importlib.import_module(f"kernels.{context.op}.tuning"), "fits", lambda cfg: True)
+        module = importlib.import_module(f"kernels.{op}.tuning")
+        fits = getattr(module, "fits", lambda cfg: True)
+        used = set().union(*(module.buckets_for(dict(s.dims), variant) for s in context.shapes))
+        visited = visited_moves(context.history, context.tips)
+        learned_pct = learned_gains(context.tips)
         proposals = []
-        for bucket in sorted(self.buckets(context) & set(table)):
-            for knob in DIRECTIONS[context.direction]:
+        for bucket in sorted(used & set(table)):
+            for knob in DIRECTIONS[direction]:
                 allowed = space.get(knob, ())
                 current = table[bucket][knob]
                 if current not in allowed:
@@ -94,30 +145,55 @@ class SearchProposer:
                     if not 0 <= i + step < len(allowed):
                         continue
                     new = allowed[i + step]
-                    if (file, bucket, knob, new) in context.visited or not fits(table[bucket] | {knob: new}):
+                    if (file, bucket, knob, new) in visited or not fits(table[bucket] | {knob: new}):
                         continue
                     prior = PRIOR_GAIN_PCT[(knob, step)]
-                    learned = context.learned_gain_pct.get((knob, step))
+                    learned = learned_pct.get((knob, step))
                     expected = prior if learned is None else (prior + learned) / 2
-                    change = Change(file=file, bucket=bucket, knob=knob, old=current, new=new,
-                                    direction=context.direction)
                     verb = "raise" if step > 0 else "lower"
-                    hypothesis = (
-                        f"{verb} {knob} of the '{bucket}' bucket from {current} to {new}: "
-                        f"expected {expected:+.1f}% ({'learned' if learned is not None else 'prior'})"
-                    )
-                    proposals.append(Proposal(hypothesis, change, expected))
-        return sorted(proposals, key=lambda p: (-p.expected_gain_pct, p.change.bucket, p.change.knob, p.change.new))
+                    proposals.append(Proposal(
+                        hypothesis=(f"{verb} {knob} of the '{bucket}' bucket from {current} to {new}: expected "
+                                    f"{expected:+.1f}% ({'learned' if learned is not None else 'prior'})"),
+                        summary=f"{bucket} {knob} {current} -> {new}",
+                        expected_gain_pct=expected,
+                        params={"file": file, "bucket": bucket, "knob": knob, "old": current, "new": new,
+                                "direction": direction, "config": table[bucket]},
+                    ))
+        return sorted(proposals, key=lambda p: (-(p.expected_gain_pct or 0.0), p.params["bucket"], p.params["knob"],
+                                                p.params["new"]))
 
-    def propose(self, context: ProposalContext) -> Proposal | None:
-        ranked = self.candidates(context)
-        return ranked[0] if ranked else None
+    def propose(self, context: RoundContext) -> Outcome:
+        exhausted: list[str] = context.scratch.setdefault("exhausted", [])
+        current = context.scratch.get("direction")
+        if context.after_stagnation and current and current not in exhausted:
+            exhausted.append(current)  # this family stalled: switch
+        for direction in preferred_directions(context.analyses):
+            if direction in exhausted:
+                continue
+            ranked = self.candidates(context, direction)
+            if not ranked:
+                exhausted.append(direction)
+                continue
+            context.scratch["direction"] = direction
+            self.apply(ranked[0], context.root)
+            return Proposed(ranked[0])
+        return Exhausted("search space exhausted: every knob family was tried")
 
     def apply(self, proposal: Proposal, root: Path) -> None:
-        path = root / proposal.change.file
+        p = proposal.params
+        path = root / p["file"]
         _, table = read_tuning(path)
-        change = proposal.change
-        if table[change.bucket][change.knob] != change.old:
-            raise ValueError(f"{change.file}: {change.bucket}.{change.knob} is not {change.old} any more")
-        table[change.bucket][change.knob] = change.new
+        if table[p["bucket"]][p["knob"]] != p["old"]:
+            raise ValueError(f"{p['file']}: {p['bucket']}.{p['knob']} is not {p['old']} any more")
+        table[p["bucket"]][p["knob"]] = p["new"]
         rewrite_table(path, table)
+
+    def next_steps(self, state: CampaignState) -> list[str]:
+        exhausted = state.proposer_state.get("exhausted", [])
+        open_families = [d for d in DIRECTIONS if d not in exhausted]
+        lines = [f"Knob families not exhausted: {', '.join(open_families) or 'none'}; a new campaign on this "
+                 "manifest continues from the accepted tuned tables and skips what this one found ineffective."]
+        if not open_families:
+            lines.append("The tuned tables are at a local optimum: the next gains need kernel changes "
+                         "(a `command` or `manual` proposer), not tuning.")
+        return lines

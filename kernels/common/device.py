@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+import kernels
 
 
 def interpreter_mode() -> bool:
-    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1 when `kernels` was imported)."""
+    return kernels.INTERPRETER
 
 
 def default_device() -> torch.device:

@@ -77,6 +77,11 @@ class OpSpec:
     variants: tuple[str, ...] = ("default",)
     # The preset a campaign on a GPU uses when none is named ("smoke" under the interpreter).
     default_preset: str = "smoke"
+    # One training step through the op's public autograd API, as a model calls it: leaf copies of the
+    # float inputs, the op, `backward(grad_out)`; returns every output of `outputs` by name.
+    train_step: Callable[[Problem, Tensors], Tensors] | None = None
+    # Whether the op promises fp32 accumulation (the harness then probes sums past fp16's range).
+    fp32_accumulation: bool = False
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -84,10 +89,20 @@ class OpSpec:
 
 
 # What every GEMM-class op (dense and grouped, bf16 and FP8) shares: the "gemm" CSV schema, its
-# input dtypes, and the outputs checked by SNR.
+# input dtypes, the outputs checked by SNR, and fp32 accumulation.
 GEMM_CLASS_FIELDS: dict[str, object] = {
     "schema": "gemm",
     "dtypes": ("bf16", "fp16"),
     "forward_outputs": ("out",),
     "backward_outputs": ("da", "db"),
+    "fp32_accumulation": True,
 }
+
+
+def gemm_train_step(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: Tensors) -> Tensors:
+    """A GEMM-class op's training step: `out = op(a, b)` on leaf copies of a and b, then
+    `out.backward(grad_out)`; returns out, da and db (the leaves' gradients)."""
+    a, b = (inputs[name].detach().clone().requires_grad_() for name in ("a", "b"))
+    out = op(a, b)
+    out.backward(inputs["grad_out"])
+    return {"out": out.detach(), "da": a.grad, "db": b.grad}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from kernels.common.dtypes import dtype_name
-from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
-from kernels.gemm import gemm_backward, gemm_forward
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors, gemm_train_step
+from kernels.gemm import gemm, gemm_backward, gemm_forward
 
 
 def _mnk(problem: Problem) -> tuple[int, int, int]:
@@ -70,6 +70,10 @@ def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     )
 
 
+def train_step(problem: Problem, inputs: Tensors) -> Tensors:
+    return gemm_train_step(lambda a, b: gemm(a, b, trans_b=True), inputs)
+
+
 def _torch_forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     torch.matmul(inputs["a"], inputs["b"].t(), out=outputs["out"])
 
@@ -95,4 +99,5 @@ SPEC = OpSpec(
     runner=Runner("turbo-opt", _forward, _backward),
     baselines=(Runner("torch.matmul", _torch_forward, _torch_backward),),
     default_preset="llama3-8b",
+    train_step=train_step,
 )

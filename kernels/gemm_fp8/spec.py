@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from kernels.common.fp8 import Granularity, quantize_rows
-from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors, gemm_train_step
 from kernels.gemm.spec import SPEC as GEMM_SPEC
 from kernels.gemm.spec import flops, make_inputs, make_outputs, reference
-from kernels.gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
+from kernels.gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad, gemm_fp8
 from kernels.grouped_gemm_fp8.spec import VARIANTS, config_of, snr_formats
 
 
@@ -38,6 +38,11 @@ def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     cfg = config_of(problem.variant)
     fp8_dgrad(inputs["grad_out"], inputs["b"], True, cfg, outputs["da"])
     fp8_wgrad(inputs["grad_out"], inputs["a"], True, cfg, outputs["db"])
+
+
+def train_step(problem: Problem, inputs: Tensors) -> Tensors:
+    config = config_of(problem.variant)
+    return gemm_train_step(lambda a, b: gemm_fp8(a, b, trans_b=True, config=config), inputs)
 
 
 def _scaled_mm_forward(granularity: Granularity):
@@ -83,4 +88,5 @@ SPEC = OpSpec(
     ),
     variants=VARIANTS,
     default_preset="llama3-70b",
+    train_step=train_step,
 )

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from kernels.common.dtypes import dtype_name
-from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
-from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors, gemm_train_step
+from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_gemm, grouped_wgrad
 
 
 def group_lens_of(problem: Problem) -> tuple[int, ...]:
@@ -81,6 +81,10 @@ def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     grouped_wgrad(inputs["grad_out"], inputs["a"], offs, True, outputs["db"])
 
 
+def train_step(problem: Problem, inputs: Tensors) -> Tensors:
+    return gemm_train_step(lambda a, b: grouped_gemm(a, b, inputs["group_lens"]), inputs)
+
+
 def _torch_offsets(inputs: Tensors) -> torch.Tensor:
     return torch.cumsum(inputs["group_lens"], dim=0, dtype=torch.int32)
 
@@ -130,4 +134,5 @@ SPEC = OpSpec(
     runner=Runner("turbo-opt", _forward, _backward),
     baselines=(GROUPED_MM_BASELINE, Runner("torch.matmul loop", _loop_forward, _loop_backward)),
     default_preset="headline",
+    train_step=train_step,
 )

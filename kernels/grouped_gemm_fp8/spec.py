@@ -13,10 +13,10 @@ import itertools
 import torch
 
 from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_rows
-from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors
+from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors, gemm_train_step
 from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm.spec import GROUPED_MM_BASELINE, bytes_moved, flops, make_inputs, make_outputs, reference
-from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
+from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad, grouped_gemm_fp8
 
 GRANULARITIES = (Granularity.ROWWISE, Granularity.TENSORWISE, Granularity.BLOCKWISE)
 VARIANTS = tuple(f"{fmt.value}-{gran.value}" for fmt, gran in itertools.product(Format, GRANULARITIES))
@@ -47,6 +47,11 @@ def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     offs, cfg = group_offsets(inputs["group_lens"]), config_of(problem.variant)
     fp8_dgrad(inputs["grad_out"], inputs["b"], offs, True, cfg, outputs["da"])
     fp8_wgrad(inputs["grad_out"], inputs["a"], offs, True, cfg, outputs["db"])
+
+
+def train_step(problem: Problem, inputs: Tensors) -> Tensors:
+    config = config_of(problem.variant)
+    return gemm_train_step(lambda a, b: grouped_gemm_fp8(a, b, inputs["group_lens"], config=config), inputs)
 
 
 def _rowwise_operands(inputs: Tensors) -> tuple[torch.Tensor, ...]:
@@ -103,4 +108,5 @@ SPEC = OpSpec(
     ),
     variants=VARIANTS,
     default_preset="headline",
+    train_step=train_step,
 )

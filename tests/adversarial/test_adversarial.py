@@ -1,10 +1,11 @@
-"""Every cheat goes through a real campaign round (VALIDATE in a subprocess, under the interpreter)
-in a fresh clone, and must be rejected for its own reason; the honest change must be accepted (its
-round run again while only interpreter timing noise stands in its way)."""
+"""Every cheat goes through real campaign rounds (SCREEN, then VALIDATE in a subprocess under the
+interpreter, then DECIDE) in a throwaway clone, and must be rejected for the reason that names its
+class; the honest change must be accepted. The held-out classes arrive by each route a candidate can
+take: a proposer in the runner, `turbo-opt submit` (manual) and an agent command (command)."""
 
 from __future__ import annotations
 
-import subprocess
+import json
 from pathlib import Path
 
 import git
@@ -13,68 +14,107 @@ import yaml
 from rich.console import Console
 
 from agent.manifest import parse_manifest
-from agent.proposers import Proposal, ProposalContext
+from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
 from agent.runner import Campaign
-from harness.files import REPO_ROOT
-from tests.adversarial.cheats import CHEATS, CRASH, HANG, HONEST, Candidate
+from agent.state import Proposal, RoundRecord
+from tests.adversarial.cheats import CHEATS, CRASH, HANG, HELD_OUT_CLASSES, HELD_OUT_SHAPE_FILES, HONEST, Candidate
+from tests.clones import clone_worktree
 
 SHAPE_FILES = {
     "uniform.yaml": [{"label": f"u{i}", "B": 4, "M": 32, "N": 40 + 8 * i, "K": 24, "group_lens": [32] * 4}
                      for i in range(3)],
     "square.yaml": [{"label": f"square-{n}", "B": 1, "M": n, "N": n, "K": n} for n in (112, 128)],
+    **HELD_OUT_SHAPE_FILES,
 }
 
 
-class ScriptedProposer:
-    """Proposes the given patches, one per round, then nothing."""
+class ScriptedProposer(Proposer):
+    """Proposes the given candidates, one per round, then nothing."""
 
-    def __init__(self, patches: list[Candidate]) -> None:
-        self.patches = list(patches)
+    name = "scripted"
 
-    def propose(self, context: ProposalContext) -> Proposal | None:
-        if not self.patches:
-            return None
-        return Proposal(hypothesis=self.patches[0].name, change=None, expected_gain_pct=5.0,
-                        description=self.patches[0].name)
+    def __init__(self, candidates: list[Candidate]) -> None:
+        self.candidates = list(candidates)
 
-    def apply(self, proposal: Proposal, root: Path) -> None:
-        self.patches.pop(0).apply(root)
-
-
-@pytest.fixture(scope="module")
-def origin(tmp_path_factory) -> Path:
-    return REPO_ROOT
+    def propose(self, context: RoundContext) -> Outcome:
+        if not self.candidates:
+            return Exhausted("no candidate left")
+        candidate = self.candidates.pop(0)
+        candidate.apply(context.root)
+        return Proposed(Proposal(hypothesis=candidate.name, summary=candidate.name, expected_gain_pct=5.0))
 
 
-def run_round(tmp_path: Path, patches: list[Candidate], **manifest_fields) -> Campaign:
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
-    for name, shapes in SHAPE_FILES.items():
-        (clone / name).write_text(yaml.safe_dump(shapes))
-    repo = git.Repo(clone)
-    repo.git.add(*SHAPE_FILES)
-    repo.git.commit("-m", "shape files", "--author", "t <t@t>")
-    fields = {"campaign": "adv", "op": patches[0].op, "shapes": patches[0].shapes, "max_iterations": len(patches),
-              "repeats": 2} | manifest_fields
-    campaign = Campaign.create(clone, parse_manifest(fields, "test"), console=Console(quiet=True),
-                               proposer=ScriptedProposer(patches))
+def clone(tmp_path: Path) -> Path:
+    return clone_worktree(tmp_path / "clone", {name: yaml.safe_dump(shapes) for name, shapes in SHAPE_FILES.items()})
+
+
+def manifest(candidates: list[Candidate], **fields: object):
+    return parse_manifest({"campaign": "adv", "op": candidates[0].op, "shapes": candidates[0].shapes,
+                           "max_iterations": len(candidates), "repeats": 2} | fields, "test")
+
+
+def run_scripted(tmp_path: Path, candidates: list[Candidate], **fields: object) -> Campaign:
+    campaign = Campaign.create(clone(tmp_path), manifest(candidates, **fields), console=Console(quiet=True),
+                               proposer=ScriptedProposer(candidates))
     campaign.run()
     return campaign
 
 
+def run_manual(tmp_path: Path, candidates: list[Candidate]) -> Campaign:
+    """Each candidate edited into the checkout and handed in as `turbo-opt submit` does."""
+    campaign = Campaign.create(clone(tmp_path), manifest(candidates, proposer="manual"), console=Console(quiet=True))
+    campaign.run()
+    for candidate in candidates:
+        candidate.apply(campaign.root)
+        campaign.submit(Proposal(hypothesis=candidate.name, summary=candidate.name))
+    return campaign
+
+
+def run_command(tmp_path: Path, candidates: list[Candidate]) -> Campaign:
+    """Each candidate made by the scripted agent command, unattended."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({str(n): {"candidate": c.name} for n, c in enumerate(candidates, start=2)}))
+    command = {"kind": "command", "run": f"python -m tests.scripted_agent {plan}", "timeout_min": 2}
+    campaign = Campaign.create(clone(tmp_path), manifest(candidates, proposer=command), console=Console(quiet=True))
+    campaign.run()
+    return campaign
+
+
+def assert_rejected_for_their_reasons(campaign: Campaign, candidates: list[Candidate]) -> None:
+    rounds: list[RoundRecord] = campaign.state.optimization_rounds()
+    verdicts = [(c.name, r.status, r.reason) for c, r in zip(candidates, rounds, strict=True)]
+    wrong = [v for v, c in zip(verdicts, candidates, strict=True) if v[1] != c.status or c.reason not in v[2]]
+    assert not wrong, wrong
+    repo = git.Repo(campaign.root)
+    assert not repo.is_dirty(untracked_files=True)  # whatever the candidates touched is gone
+    assert repo.head.commit.hexsha == campaign.state.best_commit == campaign.state.start_commit
+
+
+def by_campaign(candidates: list[Candidate]) -> dict[str, list[Candidate]]:
+    """Candidates of one op and one shape file share a campaign: one baseline, a round each."""
+    groups: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        groups.setdefault(f"{c.op}-{c.shapes}", []).append(c)
+    return groups
+
+
+GROUPS = by_campaign([*CHEATS, *HELD_OUT_CLASSES])
+DENSE_HELD_OUT = [c for c in HELD_OUT_CLASSES if c.op == "gemm"]
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_each_cheat_is_rejected_for_its_own_reason(tmp_path, group):
+    candidates = GROUPS[group]
+    assert_rejected_for_their_reasons(run_scripted(tmp_path, candidates), candidates)
+
+
+@pytest.mark.parametrize("route", [run_manual, run_command], ids=["manual", "command"])
+def test_held_out_cheats_are_rejected_whichever_route_they_arrive_by(tmp_path, route):
+    assert_rejected_for_their_reasons(route(tmp_path, DENSE_HELD_OUT), DENSE_HELD_OUT)
+
+
 # Verdicts on timing alone (agent/scoring.py), as opposed to a cheat check firing.
 TIMING_VERDICTS = ("regressed", "slower than the best", "overfit", "not reproducible", "ineffective")
-
-
-@pytest.mark.parametrize("cheat", CHEATS, ids=lambda c: c.name)
-def test_each_cheat_is_rejected_for_its_own_reason(tmp_path, cheat):
-    campaign = run_round(tmp_path, [cheat])
-    (record,) = campaign.state.optimization_rounds()
-    assert record.status == cheat.status, record.reason
-    assert cheat.reason in record.reason, record.reason
-    repo = git.Repo(campaign.root)
-    assert not repo.is_dirty(untracked_files=True)  # whatever the candidate touched is gone
-    assert repo.head.commit.hexsha == campaign.state.best_commit
 
 
 def test_the_honest_change_is_accepted(tmp_path):
@@ -85,7 +125,7 @@ def test_the_honest_change_is_accepted(tmp_path):
     threads spin after each call and inflate it up to 2x.)"""
     reasons = []
     for attempt in range(3):
-        campaign = run_round(tmp_path / f"attempt{attempt}", [HONEST])
+        campaign = run_scripted(tmp_path / f"attempt{attempt}", [HONEST])
         (record,) = campaign.state.optimization_rounds()
         if record.status == "ACCEPT":
             break
@@ -97,7 +137,7 @@ def test_the_honest_change_is_accepted(tmp_path):
 
 
 def test_a_hang_and_a_crash_end_as_error_rounds_and_the_campaign_goes_on(tmp_path):
-    campaign = run_round(tmp_path, [HANG, CRASH, HONEST], compile_timeout_s=60, run_timeout_s=30)
+    campaign = run_scripted(tmp_path, [HANG, CRASH, HONEST], compile_timeout_s=60, run_timeout_s=30)
     statuses = [(r.status, r.reason) for r in campaign.state.optimization_rounds()]
     # The third round is measured and decided like any other (its verdict on timing is
     # test_the_honest_change_is_accepted's business): the point here is that it runs at all.

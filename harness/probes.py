@@ -1,0 +1,131 @@
+"""Unannounced probes: shapes and value ranges a campaign did not announce, drawn from a seed for each
+measurement (`bench --probe-seed`), on which our runner is checked (never timed) after the benchmark's
+own shapes. A kernel right only on the announced shapes fails here.
+
+- Ragged shapes (`probe_shapes` of rules/iteration_rules.yaml): M odd; N and K odd (the pointer
+  kernels) or 8 more than a multiple of 16 (rows still 16-byte aligned, so the TMA kernels read them):
+  multiples of no tile size either way, so every tile grid ends in a partial tile. For grouped ops 3
+  to 6 groups split with skew, one group empty and one holding a single token. Sized by device: tiny
+  under the interpreter.
+- The accumulation probe, for ops that promise fp32 accumulation: a long K, inputs scaled by 64 so
+  that the sums pass fp16's largest value (65504), and an fp32 forward output, checked at the fp32
+  SNR threshold (at the op's FP8 format threshold for FP8 variants). An fp16 accumulator overflows to
+  inf, a bf16 one loses the precision the threshold asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels.common.opspec import Problem
+
+# Multiplies the accumulation probe's inputs: N(0, 1) x 64 squared, summed over K >= 2048, passes 65504.
+ACCUMULATION_SCALE = 64.0
+SIXTEEN_BIT_FORMATS = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Probe:
+    label: str
+    dims: dict[str, int]
+    # Seed of the probe's inputs, drawn with it.
+    seed: int
+    # Tokens per group for grouped ops.
+    group_lens: tuple[int, ...] | None = None
+    # Inputs are multiplied by this; the accumulation probe (scale > 1) is forward only, into fp32.
+    scale: float = 1.0
+
+    @property
+    def accumulation(self) -> bool:
+        return self.scale != 1.0
+
+    def problem(self, dtype: torch.dtype, device: torch.device, variant: str) -> Problem:
+        return Problem(dims=self.dims, dtype=dtype, device=device, seed=self.seed, group_lens=self.group_lens,
+                       variant=variant)
+
+
+@dataclass(frozen=True)
+class ProbeSizes:
+    rows: tuple[int, int]  # range of M, N and of a group's tokens
+    depth: tuple[int, int]  # range of K
+    accumulation: tuple[int, int, int]  # M, N, K of the accumulation probe
+
+
+INTERPRETER_SIZES = ProbeSizes(rows=(17, 200), depth=(17, 200), accumulation=(64, 48, 2048))
+GPU_SIZES = ProbeSizes(rows=(300, 3000), depth=(300, 5000), accumulation=(256, 192, 16384))
+
+
+def accumulation_format(fmt: str) -> str:
+    """The SNR format the accumulation probe's fp32 output is held to: fp32 for 16-bit ops, the FP8
+    format for FP8 ones (their quantization error dominates whatever the accumulator)."""
+    return "fp32" if fmt in SIXTEEN_BIT_FORMATS else fmt
+
+
+def _ragged(rng: np.random.Generator, bounds: tuple[int, int], aligned: bool) -> int:
+    """An odd number, or (aligned) one 8 more than a multiple of 16, within `bounds`."""
+    lo, hi = bounds
+    if aligned:
+        return int(rng.integers(lo // 16, hi // 16)) * 16 + 8
+    return int(rng.integers(lo // 2, hi // 2)) * 2 + 1
+
+
+def _label(kind: str, dims: dict[str, int], extra: str = "") -> str:
+    return f"probe/{kind} ({','.join(f'{k}={v}' for k, v in dims.items())}{extra})"
+
+
+def _seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(2**31))
+
+
+def _dense_ragged(rng: np.random.Generator, sizes: ProbeSizes, index: int, count: int) -> Probe:
+    aligned = index % 2 == 1
+    # The last of three or more draws has a single row: the edge of every M tiling.
+    M = 1 if count >= 3 and index == count - 1 else _ragged(rng, sizes.rows, aligned=False)
+    dims = {"B": 1, "M": M, "N": _ragged(rng, sizes.rows, aligned), "K": _ragged(rng, sizes.depth, aligned)}
+    return Probe(_label(f"ragged-{index + 1}", dims), dims, _seed(rng))
+
+
+def _grouped_ragged(rng: np.random.Generator, sizes: ProbeSizes, index: int, count: int) -> Probe:
+    aligned = index % 2 == 1
+    groups = int(rng.integers(3, 7))
+    lo, hi = sizes.rows
+    # Log-uniform sizes for the other groups: a skewed split, some groups many times others.
+    live = np.exp(rng.uniform(np.log(lo), np.log(hi), size=groups - 2)).astype(int)
+    lens = [0, 1, *(int(n) for n in live)]
+    rng.shuffle(lens)
+    dims = {"B": groups, "M": sum(lens) // groups, "N": _ragged(rng, sizes.rows, aligned),
+            "K": _ragged(rng, sizes.depth, aligned)}
+    return Probe(_label(f"ragged-{index + 1}", dims, f", lens={lens}"), dims, _seed(rng), tuple(lens))
+
+
+def _accumulation(rng: np.random.Generator, sizes: ProbeSizes, grouped: bool) -> Probe:
+    M, N, K = sizes.accumulation
+    lens = (M // 2, M - M // 2) if grouped else None
+    dims = {"B": 2 if grouped else 1, "M": M // 2 if grouped else M, "N": N, "K": K}
+    extra = f", lens={list(lens)}" if lens else ""
+    return Probe(_label("accumulation", dims, f"{extra}, x{ACCUMULATION_SCALE:g}, fp32 out"), dims, _seed(rng),
+                 lens, ACCUMULATION_SCALE)
+
+
+RAGGED: dict[str, Callable[[np.random.Generator, ProbeSizes, int, int], Probe]] = {
+    "dense_gemm": _dense_ragged,
+    "grouped_gemm": _grouped_ragged,
+}
+
+
+def draw_probes(family: str, fp32_accumulation: bool, seed: int, count: int, interpreter: bool) -> list[Probe]:
+    """`count` ragged shapes of the shape family drawn from `seed`, and the accumulation probe where the
+    op promises fp32 accumulation; none for a family without a probe drawer."""
+    ragged = RAGGED.get(family)
+    if ragged is None:
+        return []
+    sizes = INTERPRETER_SIZES if interpreter else GPU_SIZES
+    rng = np.random.default_rng(seed)
+    probes = [ragged(rng, sizes, i, count) for i in range(count)]
+    if fp32_accumulation:
+        probes.append(_accumulation(rng, sizes, family == "grouped_gemm"))
+    return probes
