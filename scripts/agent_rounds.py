@@ -6,7 +6,7 @@ TMA dispatch), then the agent proposes `--plan` candidates of tests/adversarial/
 round, through the real CLI (`turbo-opt start --manifest ...`). The campaign's directory (report,
 requests, decisions, summaries, benchmarks) is copied to `--out`, and each round's verdict printed.
 
-    python scripts/agent_rounds.py --op gemm --shapes llama3-8b --start "without TMA dispatch" \\
+    PYTHONPATH=. python scripts/agent_rounds.py --op gemm --shapes llama3-8b --start "without TMA dispatch" \\
         --plan "honest: TMA dispatch restored" "grad-mode dependent result" --out agent-rounds
 """
 
@@ -16,6 +16,7 @@ import argparse
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--start", nargs="*", default=[], help="candidates committed before the campaign starts")
     parser.add_argument("--plan", nargs="+", required=True, help="the agent's candidates, one per round")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--metric", default="step", choices=("forward", "backward", "step"))
     parser.add_argument("--out", type=Path, required=True, help="where the campaign directory is copied")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
@@ -48,16 +50,16 @@ def main() -> None:
         plan = {str(number): {"candidate": name} for number, name in enumerate(args.plan, start=2)}
         (Path(work) / "plan.json").write_text(json.dumps(plan))
         manifest = {"campaign": "agent", "op": args.op, "shapes": shapes, "max_iterations": len(args.plan),
-                    "repeats": args.repeats,
-                    "proposer": {"kind": "command", "run": f"python -m tests.scripted_agent {work}/plan.json",
+                    "repeats": args.repeats, "primary_metric": args.metric,
+                    "proposer": {"kind": "command", "run": f"{sys.executable} -m tests.scripted_agent {work}/plan.json",
                                  "timeout_min": 5}}
         (root / "agent-manifest.yaml").write_text(yaml.safe_dump(manifest))
         repo = git.Repo(root)
         repo.git.add(A=True)
         repo.git.commit("-q", "-m", f"campaign start: {', '.join(args.start) or 'as is'}", AUTHOR)
         started = time.monotonic()
-        result = subprocess.run(["turbo-opt", "start", "--manifest", "agent-manifest.yaml"], cwd=root, text=True,
-                                capture_output=True)
+        result = subprocess.run([sys.executable, "-m", "agent", "start", "--manifest", "agent-manifest.yaml"], cwd=root,
+                                text=True, capture_output=True)
         print(result.stdout[-4000:], result.stderr[-4000:], sep="\n")
         run = root / "campaigns" / "runs" / "agent"
         if run.exists():
