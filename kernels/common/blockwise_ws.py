@@ -29,7 +29,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels.common.device import interpreter_mode, persistent_programs
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
-from kernels.common.tma import tma_layout
+from kernels.common.tma import bind_context, tma_layout
 
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 rows
 HALF_M = gl.constexpr(64)
@@ -214,6 +214,7 @@ def blockwise_mm(
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
     max_tiles = (triton.cdiv(M, BLOCK_M.value) + G) * triton.cdiv(N, cfg.BLOCK_N)
     programs = persistent_programs(a.device, max_tiles)
+    bind_context(a.device)
     _blockwise_ws_kernel[(programs,)](
         _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(_as_rows(b), [cfg.BLOCK_N, BLOCK_K.value]),
         out, scales.a, scales.b, a if offs is None else offs,

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.common.device import check_same_device, persistent_programs
 from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
-from kernels.common.tma import tma_layout
+from kernels.common.tma import bind_context, tma_layout
 from kernels.gemm.tuning import config_for
 
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -142,6 +142,7 @@ def launch_tma(
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     programs = persistent_programs(a.device, tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
+    bind_context(a.device)
     _matmul_tma_kernel[(programs,)](
         _descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),
         _descriptor(b.t(), b_k_major, cfg.BLOCK_N, cfg.BLOCK_K),

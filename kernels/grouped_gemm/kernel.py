@@ -20,7 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.common.device import persistent_programs
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
-from kernels.common.tma import stack_tma_layout, tma_layout
+from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
 
 
 @triton.jit
@@ -183,6 +183,7 @@ def grouped_mm(
     tma = tma_layout(a) is True and b_k_major is not None
     a_desc = b_desc = None
     if tma:
+        bind_context(a.device)
         b_stored = b if b_k_major else b.transpose(1, 2)
         b_block = [1, cfg.BLOCK_N, cfg.BLOCK_K] if b_k_major else [1, cfg.BLOCK_K, cfg.BLOCK_N]
         a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
