@@ -22,6 +22,7 @@ class IterationRules(BaseModel):
     remeasure_count: PositiveInt
     per_shape_regression_pct: float = Field(ge=0)
     fresh_gain_fraction: float = Field(ge=0, le=1)
+    reproduction_fraction: float = Field(gt=0, le=1)
     fresh_input_sets: int = Field(ge=2)
     cache_gap_pct: float = Field(gt=0)
     probe_shapes: PositiveInt

@@ -26,17 +26,17 @@ bench() {  # op variant shapes name [more options]: the bench as a campaign's VA
   echo "$name: exit $status in $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $started}") s; $(tail -1 "$WORK/$name.log")"
 }
 if [ "${1:-campaign}" = campaign ]; then
-  # Host TMA descriptors on a thread with no CUDA context (autograd's backward thread): with the fix, and
-  # without it (the launcher's bind_context made a no-op), which must fail.
-  timeout 120 python3 -m pytest -m gpu -q tests/test_tma_context.py 2>&1 | tail -3 | tee "$WORK/tma-context.log"
-  timeout 60 python3 -c "import kernels.gemm.kernel as k; k.bind_context = lambda device: None
-import tests.test_tma_context as t; t.test_the_dense_tma_kernel()" 2>&1 | tail -2 | tee -a "$WORK/tma-context.log"
   timeout 480 python3 scripts/agent_rounds.py --op gemm --shapes "$WORK/llama3-8b-core.yaml" \
     --start "without TMA dispatch" \
     --plan "honest: TMA dispatch restored" "wrong with grad disabled" "skips work into a buffer that is not NaN" \
     --metric forward --repeats 20 --out "$WORK/agent-rounds" 2>&1 | tail -30 | tee "$WORK/agent-rounds.log"
   exit 0
 fi
+# Host TMA descriptors on a thread with no CUDA context (autograd's backward thread): with the fix, and
+# without it (the launcher's bind_context made a no-op), which must fail.
+timeout 120 python3 -m pytest -m gpu -q tests/test_tma_context.py 2>&1 | tail -3 | tee "$WORK/tma-context.log"
+timeout 60 python3 -c "import kernels.gemm.kernel as k; k.bind_context = lambda device: None
+import tests.test_tma_context as t; t.test_the_dense_tma_kernel()" 2>&1 | tail -2 | tee -a "$WORK/tma-context.log"
 for ov in gemm_fp8:e4m3-rowwise gemm_fp8:hybrid-blockwise grouped_gemm:default grouped_gemm_fp8:e4m3-rowwise \
           grouped_gemm_fp8:hybrid-blockwise; do
   bench "${ov%%:*}" "${ov#*:}" smoke "probes-${ov/:/-}" --probe-seed 11
