@@ -3,9 +3,10 @@
 #   scripts/gpu_agent_referee.sh campaign   # a `command` campaign whose scripted agent makes a kernel code change
 #                                           # and two cheats (scripts/agent_rounds.py); the change restores the
 #                                           # forward's TMA dispatch, so the forward is the metric
-#   scripts/gpu_agent_referee.sh referee    # every other op's bench with the full checks and probes (no false
-#                                           # alarms on bf16), and what the new checks cost a round: its two
-#                                           # benches, --checks full vs basic
+#   scripts/gpu_agent_referee.sh probes     # the TMA launchers on a thread with no CUDA context, and every other
+#                                           # op's bench with the full checks and probes (no false alarms on bf16)
+#   scripts/gpu_agent_referee.sh overhead   # what the new checks cost a round: its two benches, --checks full
+#                                           # vs basic, twice
 # Results land in $OUT/results.tgz.
 source "$(dirname "$0")/gpu_env.sh"
 # The device gets the working tree without its .git: the campaign clones need a repository, and commits an identity.
@@ -32,6 +33,7 @@ if [ "${1:-campaign}" = campaign ]; then
     --metric forward --repeats 20 --out "$WORK/agent-rounds" 2>&1 | tail -30 | tee "$WORK/agent-rounds.log"
   exit 0
 fi
+if [ "$1" = probes ]; then
 # Host TMA descriptors on a thread with no CUDA context (autograd's backward thread): with the fix, and
 # without it (the launcher's bind_context made a no-op), which must fail.
 timeout 120 python3 -m pytest -m gpu -q tests/test_tma_context.py 2>&1 | tail -3 | tee "$WORK/tma-context.log"
@@ -41,6 +43,8 @@ for ov in gemm_fp8:e4m3-rowwise gemm_fp8:hybrid-blockwise grouped_gemm:default g
           grouped_gemm_fp8:hybrid-blockwise; do
   bench "${ov%%:*}" "${ov#*:}" smoke "probes-${ov/:/-}" --probe-seed 11
 done | tee "$WORK/probes.txt"
+exit 0
+fi
 # A round = the candidate's bench (with probes) + the best's next to it; the Triton cache is warmed first.
 python3 - "$WORK/llama3-8b-core.yaml" > "$WORK/reps.yaml" <<'PY'
 import sys, yaml
@@ -48,7 +52,7 @@ shapes = yaml.safe_load(open(sys.argv[1]))
 print(yaml.safe_dump([shapes[i] for i in (1, 0, 2)]))  # the campaign's pick: smallest, median, largest
 PY
 bench gemm default "$WORK/reps.yaml" warm-cache --checks full --probe-seed 1 | tee "$WORK/overhead.txt"
-for trial in 1; do
+for trial in 1 2; do
   for level in basic full; do
     bench gemm default "$WORK/reps.yaml" "cand-$level-$trial" --checks $level --probe-seed $((trial + 1))
     bench gemm default "$WORK/reps.yaml" "ref-$level-$trial" --checks $level

@@ -78,7 +78,7 @@ class OpSpec:
     # The preset a campaign on a GPU uses when none is named ("smoke" under the interpreter).
     default_preset: str = "smoke"
     # One training step through the op's public autograd API, as a model calls it: leaf copies of the
-    # float inputs, the op, `backward(grad_out)`; returns every output of `outputs` by name.
+    # float inputs, the op, a backward that hands the op grad_out; returns every output of `outputs` by name.
     train_step: Callable[[Problem, Tensors], Tensors] | None = None
     # Whether the op promises fp32 accumulation (the harness then probes sums past fp16's range).
     fp32_accumulation: bool = False
@@ -100,9 +100,12 @@ GEMM_CLASS_FIELDS: dict[str, object] = {
 
 
 def gemm_train_step(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: Tensors) -> Tensors:
-    """A GEMM-class op's training step: `out = op(a, b)` on leaf copies of a and b, then
-    `out.backward(grad_out)`; returns out, da and db (the leaves' gradients)."""
+    """A GEMM-class op's training step: `out = op(a, b)` on leaf copies of a and b, then the backward of a
+    scalar loss whose gradient with respect to out is exactly grad_out (`sum(out * grad_out)`, as a model's
+    loss.backward() runs); returns out, da and db (the leaves' gradients). `out.backward(grad_out)` would
+    hand the op the same gradient, but a tensor gradient makes PyTorch import its symbolic-shape machinery
+    (sympy: ~3 s of every benchmark process on the H100 machine, measured), which no kernel needs."""
     a, b = (inputs[name].detach().clone().requires_grad_() for name in ("a", "b"))
     out = op(a, b)
-    out.backward(inputs["grad_out"])
+    (out * inputs["grad_out"]).sum().backward()
     return {"out": out.detach(), "da": a.grad, "db": b.grad}
