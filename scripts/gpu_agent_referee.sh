@@ -37,11 +37,12 @@ if [ "$1" = probes ]; then
   # Host TMA descriptors on a thread with no CUDA context (autograd's backward thread): with the fix, and
   # without it (the launcher's bind_context made a no-op), which must fail.
   timeout 120 python3 -m pytest -m gpu -q tests/test_tma_context.py 2>&1 | tail -3 | tee "$WORK/tma-context.log"
-  timeout 60 python3 -c "import kernels.gemm.kernel as k; k.bind_context = lambda device: None
-  import tests.test_tma_context as t; t.test_the_dense_tma_kernel()" 2>&1 | tail -2 | tee -a "$WORK/tma-context.log"
+  timeout 60 python3 -c "import kernels.gemm.kernel as k, tests.test_tma_context as t
+k.bind_context = lambda device: None
+t.test_the_dense_tma_kernel()" 2>&1 | tail -2 | tee -a "$WORK/tma-context.log"
   for ov in gemm_fp8:e4m3-rowwise gemm_fp8:hybrid-blockwise grouped_gemm:default grouped_gemm_fp8:e4m3-rowwise \
           grouped_gemm_fp8:hybrid-blockwise; do
-  bench "${ov%%:*}" "${ov#*:}" smoke "probes-${ov/:/-}" --probe-seed 11
+    bench "${ov%%:*}" "${ov#*:}" smoke "probes-${ov/:/-}" --probe-seed 11
   done | tee "$WORK/probes.txt"
   exit 0
 fi
