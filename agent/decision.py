@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from agent.analysis import ShapeAnalysis
-from agent.scoring import Decision, score
+from agent.manifest import Manifest
+from agent.scoring import Decision, decide, score
 from agent.state import Candidate, Measurement, RoundRecord, RoundStatus
 from harness.meta import read_meta
 from harness.rules import IterationRules
@@ -46,6 +47,24 @@ def with_overrides(verdict: Decision, full_validation: str | None, roofline: str
     problem = full_validation or (roofline if verdict.verdict == "ACCEPT" else None)
     if problem and verdict.verdict != "REMEASURE":
         return Decision("ROLLBACK", problem, verdict.gain_pct, verdict.fresh_gain_pct)
+    return verdict
+
+
+def judge(record: RoundRecord, best: Measurement, baseline: Measurement, run_dir: Path, manifest: Manifest,
+          rules: IterationRules, analyses: list[ShapeAnalysis] | None) -> Decision:
+    """The verdict on a validated round: the timings against the best (paired where measured so), then the
+    full validation and the roofline (`analyses` of the last measurement, None without measured ceilings);
+    a FAIL names each failing shape's reason."""
+    last = record.measurements[-1]
+    last_csv = run_dir / last.csv
+    metric = manifest.primary_metric
+    verdict = decide(record.measurements, record.references or [best], metric, rules, manifest.representative_shapes)
+    full = (full_validation_problem(read_summary(last_csv), metric, baseline, rules)
+            if record.full_validation else None)
+    verdict = with_overrides(verdict, full, above_roofline(analyses, rules) if analyses else None)
+    if not last.all_pass and verdict.verdict != "REMEASURE":
+        verdict = Decision(verdict.verdict, verdict.reason + fail_details(last_csv, last.failed), verdict.gain_pct,
+                           verdict.fresh_gain_pct)
     return verdict
 
 

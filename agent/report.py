@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from agent.decision import DecisionRecord
+from agent.knowledge import Tip
 from agent.manifest import Manifest
 from agent.standings import ShapeStanding
 from agent.state import CampaignState, Measurement, RoundRecord, Termination
@@ -33,6 +34,21 @@ def _pct(new: float, old: float) -> str:
 
 def _ratio_pct(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.1f}%" if math.isfinite(ratio) else "n/a"
+
+
+def campaign_tips(state: CampaignState) -> list[Tip]:
+    """What each closed round taught, as tips with their context (REPORT writes them to tips.yaml)."""
+    m = state.manifest
+    shapes = m.shapes if isinstance(m.shapes, str) else "custom shapes"
+    shape_class = f"{shapes}: {', '.join(m.representative_shapes)}"
+    return [
+        Tip(op=m.op, backend=m.backend, device=state.device, variant=m.resolved_variant,
+            shape_class=shape_class, summary=r.summary, hypothesis=r.candidate.hypothesis,
+            params=r.candidate.params, proposer=r.candidate.proposer, outcome=r.status, gain_pct=r.gain_pct,
+            reason=r.reason, campaign=m.name, commit=r.commit,
+            evidence=f"campaigns/runs/{m.name}/rounds/round-{r.number}/decision.json")
+        for r in state.closed_rounds() if r.candidate is not None
+    ]
 
 
 def init_logs(run_dir: Path, manifest: Manifest) -> None:

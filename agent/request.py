@@ -19,7 +19,7 @@ from agent.analysis import ShapeAnalysis
 from agent.audit import RULES as AUDIT_RULES
 from agent.knowledge import KnowledgeFile, Tip
 from agent.standings import ShapeStanding
-from agent.state import Proposal, RoundRecord, Termination
+from agent.state import CampaignState, Proposal, RoundRecord, Termination
 from harness.rules import IterationRules
 
 SCHEMA_VERSION = 1
@@ -219,5 +219,27 @@ def render(request: Request) -> str:
     return "\n".join(lines) + "\n"
 
 
-def judging(rules: IterationRules) -> Judging:
-    return Judging(numbers=rules, audit_rules=dict(AUDIT_RULES), checks=VALIDATE_CHECKS)
+def build_request(
+    state: CampaignState, record: RoundRecord, *, op_description: str, proposer: str, unit: str,
+    stop: list[Termination], standing: list[ShapeStanding], analyses: list[ShapeAnalysis], rules: IterationRules,
+    knowledge: list[KnowledgeFile], tips: list[Tip], representative_file: str, proposal_file: str,
+) -> Request:
+    """The request of round `record` of the campaign in `state` (paths repo-relative)."""
+    assert state.best is not None
+    m, metric = state.manifest, state.manifest.primary_metric
+    return Request(
+        campaign=m.name, round=record.number, op=m.op, op_description=op_description, variant=m.resolved_variant,
+        backend=m.backend, device=state.device, proposer=proposer, primary_metric=metric, metric_unit=unit,
+        after_stagnation=record.after_stagnation, full_validation=record.full_validation, stop_conditions=stop,
+        representative_shapes=m.representative_shapes, shapes_file=representative_file,
+        baseline_geomean=state.rounds[0].measurements[0].geomeans[metric], best_geomean=state.best.geomeans[metric],
+        best_round=state.best_round, best_commit=state.best_commit, standings=standing,
+        roofline=[RoofPoint.of(a) for a in analyses],
+        rounds=[RoundSummary.of(r) for r in state.rounds if r.status != "OPEN"],
+        ineffective=[f"round {r.number}: {r.summary} ({r.reason})" for r in state.closed_rounds() if r.ineffective],
+        mutable_files=m.files,
+        check_command=(f"turbo-opt bench --op {m.op} --variant {m.resolved_variant} --shapes {representative_file} "
+                       "--fresh-inputs --probe-seed 1"),
+        judging=Judging(numbers=rules, audit_rules=dict(AUDIT_RULES), checks=VALIDATE_CHECKS),
+        knowledge=knowledge, tips=tips, submission=submission(proposer, m.name, proposal_file),
+    )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,26 +25,21 @@ from rich.console import Console
 
 from agent import lock
 from agent.analysis import ShapeAnalysis, analyze, describe, device_ceilings, efficiency_geomean
-from agent.bench import BenchError, BenchRequest, run_bench
-from agent.decision import (
-    above_roofline,
-    attribution,
-    fail_details,
-    full_validation_problem,
-    with_overrides,
-)
+from agent.bench import BenchRequest, run_bench
+from agent.decision import attribution, judge
 from agent.knowledge import Tip, applicable, load_tips, write_tips
 from agent.lineage import Lineage
 from agent.manifest import Manifest, manifest_text, write_manifest
 from agent.processes import ChildRegistry
 from agent.proposers import Awaiting, Exhausted, Failed, Proposed, Proposer, RoundContext, make_proposer
-from agent.report import attribution_details, close_round, init_logs, next_direction, write_report
-from agent.request import Request, RoofPoint, RoundSummary, judging, render, submission
-from agent.scoring import decide, score, stagnated
+from agent.report import attribution_details, campaign_tips, close_round, init_logs, next_direction, write_report
+from agent.request import Request, build_request, render
+from agent.scoring import reproduction, score, stagnated
 from agent.screening import capture, screen
 from agent.standings import primary_vendor, standings, vendors
 from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
 from agent.termination import Progress, stop_conditions, stop_reason
+from agent.validation import probe_seed, validate
 from harness.errors import UserError
 from harness.files import atomic_write_text
 from harness.meta import harness_hash, read_meta
@@ -105,13 +99,14 @@ class Campaign:
     # --- creation ---------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, root: Path, manifest: Manifest, **kwargs: object) -> Campaign:
+    def create(cls, root: Path, manifest: Manifest, *, measurer: Measurer | None = None, console: Console | None = None,
+               proposer: Proposer | None = None) -> Campaign:
         """Check everything, then write the campaign dir: nothing is touched if anything is wrong."""
         Lineage(root).ensure_clean()
         run_dir = runs_dir(root) / manifest.name
         if run_dir.exists():
             raise UserError(f"campaign '{manifest.name}' already exists: `turbo-opt resume {manifest.name}`")
-        campaign = cls(root, CampaignState(campaign=manifest.name, manifest=manifest), **kwargs)  # type: ignore[arg-type]
+        campaign = cls(root, CampaignState(campaign=manifest.name, manifest=manifest), measurer, console, proposer)
         campaign.proposer.check(manifest)
         campaign.shapes()  # an unknown preset or a bad shape file fails here, before anything is written
         run_dir.mkdir(parents=True)
@@ -120,12 +115,13 @@ class Campaign:
         return campaign
 
     @classmethod
-    def open(cls, root: Path, name: str, **kwargs: object) -> Campaign:
+    def open(cls, root: Path, name: str, *, measurer: Measurer | None = None, console: Console | None = None,
+             proposer: Proposer | None = None) -> Campaign:
         run_dir = runs_dir(root) / name
         if not (run_dir / "state.json").exists():
             known = ", ".join(sorted(p.name for p in runs_dir(root).glob("*") if (p / "state.json").exists()))
             raise UserError(f"no campaign '{name}' in {runs_dir(root)} (campaigns: {known or 'none'})")
-        return cls(root, load_state(run_dir / "state.json"), **kwargs)  # type: ignore[arg-type]
+        return cls(root, load_state(run_dir / "state.json"), measurer, console, proposer)
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -197,12 +193,17 @@ class Campaign:
         """Files outside git's view that a candidate must not touch, with the text the runner wrote."""
         return {self.repo_path(self.run_dir / "manifest.yaml"): manifest_text(self.manifest)}
 
-    def _restore(self) -> None:
+    def at_best(self) -> None:
         """The tree exactly at the best commit on the campaign branch, and the campaign's own files as written."""
         self.lineage.restore_exactly(self.state.branch, self.state.best_commit)
         for path, text in self._protected().items():
             if not (self.root / path).exists() or (self.root / path).read_text() != text:
                 atomic_write_text(self.root / path, text)
+
+    def at_candidate(self, number: int) -> None:
+        """The best commit plus round `number`'s candidate.diff."""
+        self.at_best()
+        self.lineage.apply(self.round_dir(number) / "candidate.diff")
 
     def _analyses(self, csv: Path | None = None) -> list[ShapeAnalysis]:
         """The representative shapes on the roofline, from a measurement (default: the best's)."""
@@ -307,7 +308,7 @@ class Campaign:
         csv = rd / "artifacts" / "benchmark.csv"
         summary = self._bench(
             BenchRequest(self.run_dir / "shapes.yaml", csv, rd / "artifacts" / "bench.log", compare_baselines=True,
-                         probe_seed=self._probe_seed()),
+                         probe_seed=probe_seed()),
             f"the baseline on {len(shapes)} shapes",
         )
         failed = [label for label, check in summary.checks().items() if check == FAIL]
@@ -353,28 +354,15 @@ class Campaign:
     def _request(self, record: RoundRecord) -> Request:
         """Write the round's request.json and request.md: what the proposer (and anyone else) needs."""
         assert self.state.best is not None
-        m, rd, metric = self.manifest, self.round_dir(record.number), self.manifest.primary_metric
-        closed = self.state.closed_rounds()
-        reps_file = self.repo_path(self.run_dir / "representative.yaml")
-        request = Request(
-            campaign=m.name, round=record.number, op=m.op, op_description=self.spec.description,
-            variant=m.resolved_variant, backend=m.backend, device=self.state.device, proposer=self.proposer.name,
-            primary_metric=metric, metric_unit=read_summary(self.run_dir / self.state.best.csv).schema.metric,
-            after_stagnation=record.after_stagnation, full_validation=record.full_validation,
-            stop_conditions=self._stop_conditions(), representative_shapes=m.representative_shapes,
-            shapes_file=reps_file, baseline_geomean=self.state.rounds[0].measurements[0].geomeans[metric],
-            best_geomean=self.state.best.geomeans[metric], best_round=self.state.best_round,
-            best_commit=self.state.best_commit, standings=standings(self.run_dir, self.state, metric),
-            roofline=[RoofPoint.of(a) for a in self._analyses()],
-            rounds=[RoundSummary.of(r) for r in self.state.rounds if r.status != "OPEN"],
-            ineffective=[f"round {r.number}: {r.summary} ({r.reason})" for r in closed if r.ineffective],
-            mutable_files=m.files,
-            check_command=(f"turbo-opt bench --op {m.op} --variant {m.resolved_variant} --shapes {reps_file} "
-                           "--fresh-inputs --probe-seed 1"),
-            judging=judging(self.rules),
-            knowledge=applicable(self.root, m.op, self.state.device),  # the op's backends (Gluon too)
-            tips=self._tips(),
-            submission=submission(self.proposer.name, m.name, self.repo_path(rd / "proposal.json")),
+        rd, metric = self.round_dir(record.number), self.manifest.primary_metric
+        request = build_request(
+            self.state, record, op_description=self.spec.description, proposer=self.proposer.name,
+            unit=read_summary(self.run_dir / self.state.best.csv).schema.metric,
+            stop=self._stop_conditions(), standing=standings(self.run_dir, self.state, metric),
+            analyses=self._analyses(), rules=self.rules,
+            knowledge=applicable(self.root, self.manifest.op, self.state.device),  # the op's backends (Gluon too)
+            tips=self._tips(), representative_file=self.repo_path(self.run_dir / "representative.yaml"),
+            proposal_file=self.repo_path(rd / "proposal.json"),
         )
         atomic_write_text(rd / "request.json", request.model_dump_json(indent=2) + "\n")
         atomic_write_text(rd / "request.md", render(request))
@@ -384,7 +372,7 @@ class Campaign:
         record = self.state.current
         rd = self.round_dir(record.number)
         rd.mkdir(parents=True, exist_ok=True)
-        self._restore()
+        self.at_best()
         record.handed_at, record.stash_at = self.state.best_commit, self.lineage.stash()
         self._request(record)
         context = RoundContext(
@@ -407,7 +395,7 @@ class Campaign:
             self.state.phase = "REPORT"
         elif isinstance(outcome, Failed):
             atomic_write_text(rd / "candidate.diff", self.lineage.diff_from(self.state.best_commit) + "\n")
-            self._restore()
+            self.at_best()
             record.status, record.reason = "ERROR", outcome.reason
             self.state.phase = "DECIDE"
 
@@ -424,68 +412,26 @@ class Campaign:
     def _screen(self) -> None:
         record = self.state.current
         assert record.candidate is not None
-        self._restore()
+        self.at_best()
         verdict = screen(self.lineage, record.candidate, self.manifest.files,
                          self.round_dir(record.number) / "candidate.diff")
         if verdict is not None:
             record.status, record.reason = verdict.status, verdict.reason
-            self._restore()
+            self.at_best()
             self.state.phase = "DECIDE"
             return
         record.full_validation = record.full_validation or record.candidate.risk == "high"
         self.state.phase = "VALIDATE"
 
-    def _probe_seed(self) -> int:
-        """Drawn afresh for every measurement, after the candidate is frozen: nothing can anticipate it."""
-        return random.SystemRandom().randrange(2**31)
-
     def _validate(self) -> None:
         record = self.state.current
-        rd = self.round_dir(record.number)
-        self._restore()
-        self.lineage.apply(rd / "candidate.diff")
-        n = len(record.measurements)
-        csv = rd / "artifacts" / ("benchmark.csv" if n == 0 else f"benchmark.remeasure-{n}.csv")
-        shapes_file = self.run_dir / ("shapes.yaml" if record.full_validation else "representative.yaml")
-        request = BenchRequest(shapes_file, csv, csv.with_suffix(".log"), probe_seed=self._probe_seed())
-        try:
-            which = "all" if record.full_validation else "representative"
-            summary = self._bench(request, f"round {record.number} ({which} shapes)")
-        except BenchError as exc:
-            record.status, record.reason = "ERROR", str(exc)
-            self.state.phase = "DECIDE"
-            return
-        meta = read_meta(csv)
-        crashes = {label: e for label, e in meta.errors.items() if not e.startswith("check:")}
-        if crashes:  # the candidate did not run (it raised), as opposed to running and being wrong
-            label, error = next(iter(crashes.items()))
-            record.status, record.reason = "ERROR", f"raised on {label}: {error}"
-            self.state.phase = "DECIDE"
-            return
-        metric = self.manifest.primary_metric
-        shapes = self.manifest.representative_shapes
-        candidate = score(summary, metric, self.rel(csv), shapes, meta.fresh_ms)
-        if meta.probe_errors and candidate.all_pass:  # wrong only where the campaign did not look
-            label, error = next(iter(meta.probe_errors.items()))
-            record.status, record.reason = "ROLLBACK", f"unannounced shape {label}: {error}"
-            record.measurements.append(candidate)
-            self.state.phase = "DECIDE"
-            return
-        if self.manifest.paired_reference and candidate.all_pass:
-            reference_csv = csv.with_name(csv.name.replace("benchmark", "reference"))
-            # The decision reads the representative shapes only: the best is re-measured on those.
-            request = BenchRequest(self.run_dir / "representative.yaml", reference_csv,
-                                   reference_csv.with_suffix(".log"))
-            self._restore()
-            try:
-                reference = self._bench(request, f"the best (round {self.state.best_round}) next to it")
-            except BenchError as exc:
-                record.status, record.reason = "ERROR", f"re-measuring the best failed: {exc}"
-                self.state.phase = "DECIDE"
-                return
-            record.references.append(score(reference, metric, self.rel(reference_csv), shapes,
-                                           read_meta(reference_csv).fresh_ms))
-        record.measurements.append(candidate)
+        found = validate(record, self.run_dir, self.manifest, self._bench, self)
+        if found.candidate is not None:
+            record.measurements.append(found.candidate)
+        if found.reference is not None:
+            record.references.append(found.reference)
+        if found.status is not None:
+            record.status, record.reason = found.status, found.reason
         self.state.phase = "DECIDE"
 
     def _decide(self) -> None:
@@ -494,20 +440,15 @@ class Campaign:
         assert best_before is not None and self.state.baseline is not None
         metric = self.manifest.primary_metric
         if record.status == "OPEN":
-            last_csv = self.run_dir / record.measurements[-1].csv
-            verdict = decide(record.measurements, record.references or [best_before], metric, self.rules,
-                             self.manifest.representative_shapes)
-            full = (full_validation_problem(read_summary(last_csv), metric, self.state.baseline, self.rules)
-                    if record.full_validation else None)
-            roofline = above_roofline(self._analyses(last_csv), self.rules) if self.state.ceilings else None
-            verdict = with_overrides(verdict, full, roofline)
+            analyses = self._analyses(self.run_dir / record.measurements[-1].csv) if self.state.ceilings else None
+            verdict = judge(record, best_before, self.state.baseline, self.run_dir, self.manifest, self.rules,
+                            analyses)
             if verdict.verdict == "REMEASURE":
                 self.say(f"DECIDE: {verdict.reason}: re-measuring")
                 self.state.phase = "VALIDATE"
                 return
             record.status = "ACCEPT" if verdict.verdict == "ACCEPT" else "ROLLBACK"
-            last = record.measurements[-1]
-            record.reason = verdict.reason + ("" if last.all_pass else fail_details(last_csv, last.failed))
+            record.reason = verdict.reason
             record.gain_pct = verdict.gain_pct if math.isfinite(verdict.gain_pct) else None
             record.fresh_gain_pct = verdict.fresh_gain_pct if math.isfinite(verdict.fresh_gain_pct) else None
         ratios = (attribution(self.run_dir / record.measurements[-1].csv, self.run_dir / record.references[-1].csv)
@@ -515,7 +456,7 @@ class Campaign:
         if record.status == "ACCEPT":
             self._accept(record, ratios)
         else:
-            self._restore()
+            self.at_best()
             self.state.consecutive_rollbacks += 1
         next_step = next_direction(record, standings(self.run_dir, self.state, metric))
         close_round(self.run_dir, self.state, record, best_before, ratios, next_step,
@@ -530,8 +471,7 @@ class Campaign:
             record.commit = self.lineage.head()
         else:
             assert record.candidate is not None
-            self._restore()  # the tree may hold the best, re-measured next to the candidate: commit the candidate
-            self.lineage.apply(self.round_dir(record.number) / "candidate.diff")
+            self.at_candidate(record.number)  # the tree may hold the best, re-measured next to the candidate
             message = (f"{subject} {record.summary}\n\nHypothesis: {record.candidate.hypothesis}\n"
                        f"Result: {record.reason}\nDetails: {attribution_details(ratios)}; proposer "
                        f"{record.candidate.proposer}, {len(record.measurements)} measurement(s)\n")
@@ -544,7 +484,7 @@ class Campaign:
         self.state.consecutive_rollbacks = 0
 
     def _report(self) -> None:
-        self._restore()
+        self.at_best()
         metric, reps = self.manifest.primary_metric, self.manifest.representative_shapes
         final_dir = self.run_dir / "final"
         csv = final_dir / "benchmark.csv"
@@ -554,7 +494,7 @@ class Campaign:
         self.state.final = score(summary, metric, self.rel(csv), None, fresh_ms)
         self.state.final_representative = score(summary, metric, self.rel(csv), reps, fresh_ms)
         self._check_reproduction(final_dir)
-        write_tips(self.run_dir / "tips.yaml", self._campaign_tips())
+        write_tips(self.run_dir / "tips.yaml", campaign_tips(self.state))
         vendor_values = {v.name: v.per_shape for v in vendors(self.run_dir, metric)}
         next_steps = [*self.proposer.next_steps(self.state), f"`turbo-opt learn {self.manifest.name}` adds this "
                       "campaign's tips and findings to knowledge/ for the next one."]
@@ -569,34 +509,16 @@ class Campaign:
         assert self.state.final_representative is not None
         accepted = [r.gain_pct for r in self.state.optimization_rounds() if r.status == "ACCEPT" and r.gain_pct]
         if not accepted:
-            self.state.reproduced, self.state.reproduction = True, "no round was accepted: nothing to reproduce"
+            self.state.reproduced, self.state.reproduction = reproduction(accepted, 0.0, self.rules)
             return
-        claimed = 100.0 * (math.prod(1.0 + g / 100.0 for g in accepted) - 1.0)
         csv = final_dir / "start.csv"
         self.lineage.restore(self.state.start_commit, self.manifest.files)
         try:
             start = self._bench(BenchRequest(self.run_dir / "representative.yaml", csv, final_dir / "start.log"),
                                 "the start commit next to the best")
         finally:
-            self._restore()
+            self.at_best()
         metric = self.manifest.primary_metric
         start_score = score(start, metric, self.rel(csv), self.manifest.representative_shapes)
         measured = 100.0 * (self.state.final_representative.geomeans[metric] / start_score.geomeans[metric] - 1.0)
-        needed = max(self.rules.noise_floor_pct, self.rules.reproduction_fraction * claimed)
-        self.state.reproduced = measured >= needed
-        self.state.reproduction = (f"the accepted rounds claimed {claimed:+.2f}% on the representative shapes; the "
-                                   f"final bench of the best next to the start commit measured {measured:+.2f}% "
-                                   f"(needed {needed:+.2f}%)")
-
-    def _campaign_tips(self) -> list[Tip]:
-        m = self.manifest
-        shapes = m.shapes if isinstance(m.shapes, str) else "custom shapes"
-        shape_class = f"{shapes}: {', '.join(m.representative_shapes)}"
-        return [
-            Tip(op=m.op, backend=m.backend, device=self.state.device, variant=m.resolved_variant,
-                shape_class=shape_class, summary=r.summary, hypothesis=r.candidate.hypothesis,
-                params=r.candidate.params, proposer=r.candidate.proposer, outcome=r.status, gain_pct=r.gain_pct,
-                reason=r.reason, campaign=m.name, commit=r.commit,
-                evidence=f"campaigns/runs/{m.name}/rounds/round-{r.number}/decision.json")
-            for r in self.state.closed_rounds() if r.candidate is not None
-        ]
+        self.state.reproduced, self.state.reproduction = reproduction(accepted, measured, self.rules)

@@ -81,8 +81,8 @@ def decide(
     inside the noise floor is re-measured up to the rules' count and then accepted only if every
     measurement beat the best. An accepted gain must survive fresh input tensors
     (`fresh_gain_fraction` of it), or it is overfit; and a candidate that is faster with reused
-    tensors than with fresh ones by `cache_gap_pct` more than the best is keeps results between
-    calls (a cache), whatever its gain.
+    tensors than with fresh ones by more than `cache_gap_pct`, and by that much more than the best
+    is, keeps results between calls (a cache), whatever its gain.
     """
     if len(references) not in (1, len(candidate)):
         raise ValueError(f"{len(references)} reference measurements for {len(candidate)} candidate measurements")
@@ -120,18 +120,21 @@ def decide(
 
 
 def _cache_gap(pairs: Sequence[tuple[Measurement, Measurement]], metric: str, rules: IterationRules) -> str | None:
-    """A candidate that gains more from reusing the same input tensors than the best does keeps results
-    between calls: the fresh-tensor timing (new tensors every call, never repeated) shows its real speed."""
+    """A candidate that is faster with reused input tensors than with fresh ones (new tensors every call,
+    never repeated) by more than `cache_gap_pct`, and by that much more than the best is, keeps results
+    between calls: the fresh-tensor timing shows its real speed. Both, so that timing noise on the best's
+    side (a best that happened to time faster with fresh tensors) cannot make an honest candidate a cache."""
     gaps = [(m.geomeans[metric] / m.fresh_geomean, ref.geomeans[metric] / ref.fresh_geomean) for m, ref in pairs
             if m.fresh_geomean and ref.fresh_geomean]
     if not gaps:
         return None
+    own = statistics.median(cand for cand, _ in gaps) - 1.0
     excess = statistics.median(cand / ref for cand, ref in gaps) - 1.0
-    if excess * 100.0 <= rules.cache_gap_pct:
+    if min(own, excess) * 100.0 <= rules.cache_gap_pct:
         return None
     cand, ref = gaps[-1]
     return (f"result cache: {(cand - 1) * 100:+.1f}% faster with reused input tensors than with fresh ones "
-            f"(the best: {(ref - 1) * 100:+.1f}%; limit {rules.cache_gap_pct:g}% more)")
+            f"(the best: {(ref - 1) * 100:+.1f}%; limit {rules.cache_gap_pct:g}%)")
 
 
 def _decide_gain(
@@ -160,3 +163,16 @@ def _decide_gain(
 def stagnated(consecutive_rollbacks: int, rules: IterationRules) -> bool:
     """Enough consecutive rollbacks to abandon the current direction."""
     return consecutive_rollbacks >= rules.stagnation_rollbacks
+
+
+def reproduction(accepted_gains_pct: Sequence[float], measured_pct: float, rules: IterationRules) -> tuple[bool, str]:
+    """Did a campaign's gain hold in its final bench (the best next to the start commit)? The claim is its
+    accepted rounds' paired gains compounded, the basis every decision was made on; at least
+    `reproduction_fraction` of it must remain, and clear the noise floor."""
+    if not accepted_gains_pct:
+        return True, "no round was accepted: nothing to reproduce"
+    claimed = 100.0 * (math.prod(1.0 + g / 100.0 for g in accepted_gains_pct) - 1.0)
+    needed = max(rules.noise_floor_pct, rules.reproduction_fraction * claimed)
+    return measured_pct >= needed, (f"the accepted rounds claimed {claimed:+.2f}% on the representative shapes; the "
+                                    f"final bench of the best next to the start commit measured {measured_pct:+.2f}% "
+                                    f"(needed {needed:+.2f}%)")

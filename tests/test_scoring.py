@@ -99,6 +99,10 @@ def test_a_result_cache_is_named_whatever_its_gain(tmp_path):
     assert d.verdict == "ROLLBACK" and d.reason.startswith("result cache: +45.8% faster with reused input tensors")
     honest = cached.model_copy(update={"fresh_geomean": best.fresh_geomean * 1.38})
     assert decide([honest], [best], "step", RULES, LABELS).verdict == "ACCEPT"
+    # A best that happened to time 8% faster with fresh tensors does not make a candidate without a gap a cache.
+    noisy = best.model_copy(update={"fresh_geomean": best.geomeans["step"] * 1.09})
+    level = cached.model_copy(update={"fresh_geomean": cached.geomeans["step"] * 0.98})
+    assert not decide([level], [noisy], "step", RULES, LABELS).reason.startswith("result cache")
 
 
 def test_an_implausible_speedup_is_remeasured_and_rejected_unless_reproduced(tmp_path):

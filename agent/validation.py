@@ -1,0 +1,84 @@
+"""VALIDATE: the candidate benchmarked in a subprocess with every check of the referee (on unannounced
+shapes too), then the best commit benchmarked right after it on the representative shapes: the pair
+every comparison of DECIDE is made within, so that a machine whose speed drifts between rounds
+cannot decide. A candidate that raised, or that failed only where the campaign did not look, gets
+its verdict here, before any timing is compared."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from agent.bench import BenchError, BenchRequest
+from agent.manifest import Manifest
+from agent.scoring import score
+from agent.state import Measurement, RoundRecord, RoundStatus
+from harness.meta import read_meta
+from harness.schema import Summary
+
+
+class Bench(Protocol):
+    def __call__(self, request: BenchRequest, what: str) -> Summary: ...
+
+
+class Tree(Protocol):
+    """Puts the working tree where a benchmark needs it."""
+
+    def at_best(self) -> None: ...
+
+    def at_candidate(self, number: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The candidate's measurement and the best's next to it, or a verdict reached without comparing timings."""
+
+    candidate: Measurement | None = None
+    reference: Measurement | None = None
+    status: RoundStatus | None = None
+    reason: str = ""
+
+
+def probe_seed() -> int:
+    """Drawn afresh for every measurement, after the candidate is frozen: nothing can anticipate it."""
+    return random.SystemRandom().randrange(2**31)
+
+
+def validate(record: RoundRecord, run_dir: Path, manifest: Manifest, bench: Bench, tree: Tree) -> Validation:
+    rd = run_dir / "rounds" / f"round-{record.number}"
+    n = len(record.measurements)
+    csv = rd / "artifacts" / ("benchmark.csv" if n == 0 else f"benchmark.remeasure-{n}.csv")
+    representative = run_dir / "representative.yaml"
+    which = "all" if record.full_validation else "representative"
+    tree.at_candidate(record.number)
+    try:
+        summary = bench(BenchRequest(run_dir / "shapes.yaml" if record.full_validation else representative, csv,
+                                     csv.with_suffix(".log"), probe_seed=probe_seed()),
+                        f"round {record.number} ({which} shapes)")
+    except BenchError as exc:
+        return Validation(status="ERROR", reason=str(exc))
+    meta = read_meta(csv)
+    crashes = {label: e for label, e in meta.errors.items() if not e.startswith("check:")}
+    if crashes:  # the candidate did not run (it raised), as opposed to running and being wrong
+        label, error = next(iter(crashes.items()))
+        return Validation(status="ERROR", reason=f"raised on {label}: {error}")
+    metric, labels = manifest.primary_metric, manifest.representative_shapes
+    rel = csv.relative_to(run_dir).as_posix()
+    candidate = score(summary, metric, rel, labels, meta.fresh_ms)
+    if meta.probe_errors and candidate.all_pass:  # wrong only where the campaign did not look
+        label, error = next(iter(meta.probe_errors.items()))
+        return Validation(candidate=candidate, status="ROLLBACK", reason=f"unannounced shape {label}: {error}")
+    if not (manifest.paired_reference and candidate.all_pass):
+        return Validation(candidate=candidate)
+    # The decision reads the representative shapes only: the best is re-measured on those.
+    reference_csv = csv.with_name(csv.name.replace("benchmark", "reference"))
+    tree.at_best()
+    try:
+        reference = bench(BenchRequest(representative, reference_csv, reference_csv.with_suffix(".log")),
+                          "the best next to it")
+    except BenchError as exc:
+        return Validation(status="ERROR", reason=f"re-measuring the best failed: {exc}")
+    return Validation(candidate, score(reference, metric, reference_csv.relative_to(run_dir).as_posix(), labels,
+                                       read_meta(reference_csv).fresh_ms))
