@@ -33,19 +33,19 @@ def sweep_row(timer: Timer, run: Callable[[], object], label: str, pass_name: st
     return {"label": label, "pass": pass_name, "ours_ms": ms, "ours_tflops": flops / ms / 1e9}
 
 
-def report(rows: list[dict], title: str, columns: Sequence[str], csv: str | None) -> None:
-    """Write the rows to `csv` (if given), print them, then the geomean anchor/ours ratio of each pass."""
+def report(rows: list[dict], title: str, columns: Sequence[str], csv: str | None, group: str = "pass") -> None:
+    """Write the rows to `csv` (if given), print them, then the geomean ratio of each `group` (pass, impl...)."""
     frame = pd.DataFrame(rows)
     if csv:
         frame.to_csv(csv, index=False)
     console = Console(width=220)
     table = Table(title=f"{title} on {torch.cuda.get_device_name()}")
     for col in columns:
-        table.add_column(col, justify="left" if col in ("label", "pass", "anchor") else "right")
+        table.add_column(col, justify="left" if col in ("label", group, "anchor") else "right")
     for row in rows:
         table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
     console.print(table)
     if "ratio" in frame:
-        ratios = frame.dropna(subset=["ratio"]).groupby("pass")["ratio"]
+        ratios = frame.dropna(subset=["ratio"]).groupby(group)["ratio"]
         geomeans = ratios.apply(geomean)
-        console.print("geomean ratio (anchor ms / ours ms) by pass:\n" + geomeans.to_string())
+        console.print(f"geomean ratio by {group}:\n" + geomeans.to_string())
