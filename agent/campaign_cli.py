@@ -17,7 +17,7 @@ from agent.lineage import repo_root
 from agent.manifest import default_campaign_name, load_manifest, parse_manifest
 from agent.request import Request
 from agent.runner import Campaign, runs_dir
-from agent.state import CampaignState, Proposal, Risk
+from agent.state import Proposal, Risk
 from agent.status import campaign_names, campaign_status
 from harness.cli import console, err_console, exit_on_user_error
 from harness.errors import UserError
@@ -29,14 +29,11 @@ JSON_HELP = "Print JSON (the models in docs/schemas/) and nothing else."
 WAIT_HELP = "Block while a manual campaign waits for candidates, printing each verdict, until it is done."
 
 
-def _announce(campaign: Campaign, state: CampaignState) -> None:
-    if state.phase == "DONE":
-        console.print(f"campaign {state.campaign} done ({state.stop_reason}): {campaign.run_dir / 'report.md'}")
-    else:
-        request = campaign.round_dir(state.round) / "request.md"
-        console.print(f"campaign {state.campaign}: round {state.round} awaits a candidate; request: {request}\n"
-                      f"then: turbo-opt submit {state.campaign} --hypothesis \"...\" --summary \"...\"",
-                      highlight=False)
+def _announce(campaign: Campaign) -> None:
+    """Where the campaign stopped and who acts next, in `turbo-opt status`'s words."""
+    s = campaign_status(campaign.root, campaign.manifest.name)
+    console.print(f"campaign {s.campaign}: {s.phase}, round {s.round}; next: {s.expected_actor}: {s.next_action}",
+                  highlight=False)
 
 
 def _follow(root: Path, name: str) -> None:
@@ -49,7 +46,7 @@ def _follow(root: Path, name: str) -> None:
             console.print(f"round {record.number}: {record.status}: {record.reason}", highlight=False)
         seen = len(closed)
         if campaign.state.phase == "DONE":
-            _announce(campaign, campaign.state)
+            _announce(campaign)
             return
         time.sleep(1.0)
 
@@ -62,7 +59,7 @@ def _drive(campaign: Campaign, wait: bool) -> None:
         typer.echo(f"interrupted in {s.phase} of round {s.round}; state is saved: "
                    f"turbo-opt resume {campaign.manifest.campaign}", err=True)
         raise typer.Exit(130) from None
-    _announce(campaign, state)
+    _announce(campaign)
     if wait and state.phase == "AWAITING_CANDIDATE":
         _follow(campaign.root, campaign.manifest.name)
 
@@ -216,7 +213,8 @@ def finish(
 ) -> None:
     """End a campaign that waits for candidates: the best commit is measured on every shape and reported."""
     campaign = Campaign.open(repo_root(), name)
-    _announce(campaign, campaign.finish(discard=discard))
+    campaign.finish(discard=discard)
+    _announce(campaign)
 
 
 @exit_on_user_error

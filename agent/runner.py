@@ -386,8 +386,7 @@ class Campaign:
             self._capture(outcome.proposal, self.proposer.name)
         elif isinstance(outcome, Awaiting):
             self.state.phase = "AWAITING_CANDIDATE"
-            self.say(f"awaiting a candidate: {self.repo_path(rd / 'request.md')}, then "
-                     f"`turbo-opt submit {self.manifest.name} --hypothesis ...`")
+            self.say(f"awaiting a candidate: {self.repo_path(rd / 'request.md')}")
         elif isinstance(outcome, Exhausted):
             self.state.rounds.pop()
             self.state.stop_reason = outcome.reason

@@ -62,10 +62,11 @@ def standings(run_dir: Path, state: CampaignState, metric: str) -> list[ShapeSta
     assert state.best is not None
     base = state.rounds[0].measurements[0]
     best = best_per_metric(run_dir, state)
+    measured = vendors(run_dir, metric)  # read once: one CSV per vendor
     rows = []
     for label, value in state.best.per_shape.items():
         ratios: dict[str, float | None] = {}
-        for vendor in vendors(run_dir, metric):
+        for vendor in measured:
             theirs = vendor.per_shape.get(label, math.nan)
             ours = best[vendor.metric].get(label, math.nan)
             ratio = ours / theirs if theirs > 0 else math.nan
