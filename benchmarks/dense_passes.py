@@ -27,7 +27,7 @@ from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.gemm import gemm_backward, gemm_forward
 from kernels.gemm.kernel import launch_tma
-from kernels.gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad, quantize
+from kernels.gemm_fp8 import for_backward, fp8_backward, fp8_forward, quantize
 from kernels.gemm_fp8.kernel import fp8_rows_times_weight, weight_operand
 from kernels.grouped_gemm_fp8.kernel import row_scale_strides
 
@@ -75,12 +75,12 @@ def passes(label: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, timer:
             compare("fp8 blockwise fwd (GEMM)", ours, lambda: torch.matmul(a, b.t(), out=out), "bf16 torch.matmul")
         else:
             compare(f"fp8 {gran.value} fwd (GEMM)", ours, scaled_mm(a8, b8, out), f"torch._scaled_mm {gran.value}")
-    # Each blockwise pass with the quantization of its operands (the weight's blocks quantized by the forward).
+    # Each blockwise pass with the quantization of what it reads and the forward does not keep for it.
     config = Float8Config(Format.E4M3, Granularity.BLOCKWISE)
-    weight = fp8_forward(a, b, True, config, out)
+    saved = for_backward(a, b, True, config)
     for what, run in (("fwd", lambda: fp8_forward(a, b, True, config, out)),
-                      ("dgrad", lambda: fp8_dgrad(g, b, True, config, da, weight)),
-                      ("wgrad", lambda: fp8_wgrad(g, a, True, config, db))):
+                      ("dgrad", lambda: fp8_backward(g, saved, True, config, da, None)),
+                      ("wgrad", lambda: fp8_backward(g, saved, True, config, None, db))):
         ms = timer.time(run).median_ms
         rows.append({"label": label, "pass": f"fp8 blockwise {what} (with quant)", "ours_ms": ms,
                      "ours_tflops": flops / ms / 1e9})

@@ -20,14 +20,22 @@ from passes_report import add_common_arguments, report, sweep_row
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
 from harness.timing import Timer
-from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_cols_t, quantize_rows
+from kernels.common.fp8 import (
+    Float8Config,
+    Format,
+    Granularity,
+    RowGroups,
+    quantize_both,
+    quantize_cols_t,
+    quantize_rows,
+)
 from kernels.common.opspec import Problem
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
 from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm.spec import make_inputs
-from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad
+from kernels.grouped_gemm_fp8 import for_backward, fp8_backward, fp8_forward
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_scale_strides
 
 
@@ -71,15 +79,22 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
             lambda: torch._scaled_grouped_mm(a_q, w.data.transpose(-2, -1), sa, sb, offs=offs32,
                                              out_dtype=a.dtype, use_fast_accum=True),
             "torch._scaled_grouped_mm")
-    for gran in Granularity:
+    for gran in Granularity:  # each pass with the quantization of what it reads and the forward does not keep
         cfg8 = Float8Config(Format.HYBRID, gran)
+        saved = for_backward(a, b, offs, True, cfg8)
         compare(f"fp8 {gran.value} fwd (with quant)", lambda c=cfg8: fp8_forward(a, b, offs, True, c, out), None, "")
-        compare(f"fp8 {gran.value} dgrad (with quant)", lambda c=cfg8: fp8_dgrad(g, b, offs, True, c, da), None, "")
-        compare(f"fp8 {gran.value} wgrad (with quant)", lambda c=cfg8: fp8_wgrad(g, a, offs, True, c, db), None, "")
+        compare(f"fp8 {gran.value} dgrad (with quant)",
+                lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, da, None), None, "")
+        compare(f"fp8 {gran.value} wgrad (with quant)",
+                lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, None, db), None, "")
     elt = a.element_size()
     bandwidth("quantize_rows(a) rowwise", lambda: quantize_rows(a, e4m3, Granularity.ROWWISE), M * K * (2 * elt + 1))
     bandwidth("quantize_cols_t(grad_out) rowwise",
               lambda: quantize_cols_t(g, offs, e4m3, Granularity.ROWWISE), M * N * (2 * elt + 1))
+    bandwidth("quantize_both(grad_out) rowwise",
+              lambda: quantize_both(g, e4m3, Granularity.ROWWISE, RowGroups.tokens(offs)), M * N * (2 * elt + 2))
+    bandwidth("quantize_both(grad_out) blockwise",
+              lambda: quantize_both(g, e4m3, Granularity.BLOCKWISE, RowGroups.tokens(offs)), M * N * (elt + 2))
     bandwidth("quantize_cols_t(a) blockwise",
               lambda: quantize_cols_t(a, offs, e4m3, Granularity.BLOCKWISE), M * K * (elt + 1))
     bandwidth("QuantizedWeight(b) blockwise", lambda: QuantizedWeight.quantize(b, False, e4m3, Granularity.BLOCKWISE),

@@ -1,4 +1,5 @@
-"""Timing: CUDA events around each call, L2 flushed before each (outside the timed region), median
+"""Timing: CUDA events around each call, L2 flushed before each (outside the timed region, and
+finished before the call starts, so that a call's host time is never hidden behind it), median
 and population stddev over the repeats; a CUDA-graph mode that replays a captured call; and a
 wall-clock fallback for the CPU interpreter, whose numbers prove the plumbing, never performance.
 `time_each` times a sequence of different calls once each (fresh input sets) by the same method.
@@ -112,6 +113,9 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in calls]
         for fn, start, end in zip(calls, starts, ends, strict=True):
             self._flush.zero_()
+            # The flush must not give the host a head start: each call starts from an idle GPU, so its
+            # host time shows wherever it exceeds its GPU time, as it does in a training loop.
+            torch.cuda.synchronize(self.device)
             start.record()
             fn()
             end.record()

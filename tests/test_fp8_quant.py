@@ -3,7 +3,7 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.device import default_device
-from kernels.common.fp8 import Granularity, padded_offsets, quantize_blocks_2d, quantize_cols_t, quantize_rows
+from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_cols_t, quantize_rows
 from kernels.grouped_gemm import group_offsets
 
 E4M3 = torch.float8_e4m3fn
@@ -30,9 +30,9 @@ def test_quantize_cols_t_blocks_stay_in_their_group_and_pad_with_zeros():
     x = torch.randn(135, 40, device=device).half()
     qt, s, padded = quantize_cols_t(x, offs, E4M3, Granularity.BLOCKWISE)
     assert padded.tolist() == [0, 256, 256, 384]
-    assert torch.equal(padded, padded_offsets(offs))
     # group 0 fills blocks 0-1 (130 rows), group 2 starts a fresh block at column 256
-    deq = qt.float() * s.repeat_interleave(128, dim=1)
+    assert s.shape == (5, 40)  # [token blocks of the capacity, columns]
+    deq = qt.float() * s.t().repeat_interleave(128, dim=1)
     assert snr_db(deq[:, :130].t(), x[:130]) > 28
     assert snr_db(deq[:, 256:261].t(), x[130:]) > 28
     assert (qt[:, 130:256].float() == 0).all() and (qt[:, 261:].float() == 0).all()
@@ -55,3 +55,47 @@ def test_quantize_blocks_2d_serves_both_orientations():
     assert torch.equal(q.transpose(1, 2).float(), qt.float())
     deq = q.float() * s.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)[:, :200, :136]
     assert snr_db(deq, w) > 28
+
+
+def _dequantized_group(qt, scale, granularity, group, first_col, rows):
+    """Group `group`'s rows back from quantize_both's transposed layout (columns first_col onwards)."""
+    cols = qt[:, first_col:first_col + rows].float().t()
+    if granularity == Granularity.ROWWISE:
+        return cols * scale[group]
+    if granularity == Granularity.BLOCKWISE:  # scale [token blocks, columns]
+        blocks = scale[first_col // 128:(first_col + rows + 127) // 128].repeat_interleave(128, 0)
+        return cols * blocks[:rows]
+    return cols * scale[group if scale.numel() > 1 else 0]
+
+
+@pytest.mark.parametrize("granularity", list(Granularity), ids=lambda g: g.value)
+def test_quantize_both_writes_what_each_pass_reads_on_skewed_and_empty_groups(granularity):
+    device = default_device()
+    lens = torch.tensor([130, 0, 5, 257], dtype=torch.int64, device=device)
+    offs = group_offsets(lens)
+    x = torch.randn(392, 200, device=device).half()
+    both = quantize_both(x, E4M3, granularity, RowGroups.tokens(offs))
+    q, s = quantize_rows(x, E4M3, granularity)
+    assert torch.equal(both.rows[0].float(), q.float()) and torch.allclose(both.rows[1], s)
+    qt, st = both.cols_t
+    padded = both.padded_offs.tolist()
+    assert padded == [0, 256, 256, 384, 768] and qt.shape == (200, 1024)  # room for any split
+    for g, n in enumerate(lens.tolist()):
+        rows = x[offs[g]:offs[g + 1]].float()
+        if n:
+            assert snr_db(_dequantized_group(qt, st, granularity, g, padded[g], n), rows) > 28
+        assert (qt[:, padded[g] + n:padded[g + 1]].float() == 0).all()  # the padding reads as zeros
+    if granularity == Granularity.ROWWISE:  # the empty group gets a finite scale of its own
+        assert torch.equal(st[1], torch.full_like(st[1], 1e-12 / 448))
+
+
+@pytest.mark.parametrize("granularity", list(Granularity), ids=lambda g: g.value)
+def test_quantize_both_on_stacked_weights_matches_quantize_rows_per_expert(granularity):
+    w = torch.randn(3 * 70, 40, device=default_device()).half()
+    both = quantize_both(w, E4M3, granularity, RowGroups.equal(3, 70), tensor_per_group=True)
+    q, s = quantize_rows(w, E4M3, granularity, 70 if granularity == Granularity.TENSORWISE else None)
+    assert torch.equal(both.rows[0].float(), q.float()) and torch.allclose(both.rows[1], s)
+    qt, st = both.cols_t
+    assert qt.shape == (40, 3 * 128)  # each expert's rows start on a 128 boundary
+    for g in range(3):
+        assert snr_db(_dequantized_group(qt, st, granularity, g, 128 * g, 70), w[70 * g:70 * (g + 1)]) > 28

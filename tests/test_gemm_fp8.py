@@ -8,7 +8,7 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.fp8 import Float8Config, Format, Granularity
-from kernels.gemm_fp8 import Fp8Tensor, fp8_dgrad, fp8_forward, fp8_wgrad, gemm_fp8, quantize
+from kernels.gemm_fp8 import Fp8Tensor, fp8_backward, fp8_forward, gemm_fp8, quantize
 from kernels.gemm_fp8.tuning import TUNABLE_SPACE, TUNED_TABLE, buckets_for, config_for
 from tests.graph_replay import replay_and_eager
 
@@ -56,9 +56,8 @@ def test_every_element_written_into_poisoned_buffers(mnk, device, half_dtype):
     a, b = torch.randn(M, K, dtype=half_dtype, device=device), torch.randn(N, K, dtype=half_dtype, device=device)
     g = torch.randn(M, N, dtype=half_dtype, device=device)
     out, da, db = (torch.full(s, float("nan"), dtype=half_dtype, device=device) for s in ((M, N), (M, K), (N, K)))
-    weight = fp8_forward(a, b, True, config, out)
-    fp8_dgrad(g, b, True, config, da, weight)
-    fp8_wgrad(g, a, True, config, db)
+    saved = fp8_forward(a, b, True, config, out, needs=(True, True))
+    fp8_backward(g, saved, True, config, da, db)
     for got, ref, fp8 in zip((out, da, db), reference(a, b, g, True), (torch.float8_e4m3fn, *[torch.float8_e5m2] * 2),
                              strict=True):
         assert torch.isfinite(got).all() and snr_db(got, ref) >= FLOOR_DB[fp8]

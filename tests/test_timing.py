@@ -1,4 +1,5 @@
 import statistics
+import time
 
 import pytest
 import torch
@@ -46,3 +47,21 @@ def test_gpu_timing_sees_the_work(mode):
     four = timer.time(lambda: [x @ x for _ in range(4)])
     assert timer.flushes_l2
     assert 2.5 < four.median_ms / one.median_ms < 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_us", [25, 200])
+def test_a_call_whose_host_time_exceeds_its_gpu_time_is_timed_at_its_host_time(host_us):
+    """An op that spends `host_us` on the host before one tiny kernel: its timing must show the host's
+    time, as a training loop pays it, not hide it behind the L2 flush (a 2x-L2 memset, tens of us)."""
+    device = torch.device("cuda")
+    x = torch.zeros(16, device=device)
+
+    def host_bound() -> None:
+        deadline = time.perf_counter() + host_us * 1e-6
+        while time.perf_counter() < deadline:
+            pass
+        x.add_(1)
+
+    timing = Timer(device, repeats=20, warmup=3).time(host_bound)
+    assert timing.median_ms >= 0.9 * host_us / 1e3, f"{timing.median_ms * 1e3:.1f} us timed for {host_us} us of host"

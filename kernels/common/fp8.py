@@ -144,61 +144,129 @@ def _quantize_rows_kernel(
 
 
 @triton.jit
-def _token_block(tb, block_group_ptr, offs_ptr, padded_offs_ptr, G, BLOCK_T: tl.constexpr):
-    """Rows of x behind padded token block `tb`, their mask, and the block's group (clamped to G-1).
+def _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Rows of x behind padded token block `tb`, their mask, and the block's group (G past the last group).
 
-    Blocks past the last group (the buffer's slack) get an all-false mask: they write zeros.
+    Equal groups of GROUP_ROWS rows (a dense tensor, stacked expert weights) are found by division;
+    groups of any size by a binary search of the padded offsets (the block's group is the number of
+    groups that end at or before it). Blocks past the last group (the buffer's slack) get an all-false
+    mask: they write zeros.
     """
-    g = tl.load(block_group_ptr + tb)
-    last = tl.minimum(g, G - 1)
-    start = tl.load(offs_ptr + last)
-    end = tl.where(g < G, tl.load(offs_ptr + last + 1), start)  # a slack block: empty row range
-    j = tb - tl.load(padded_offs_ptr + last) // BLOCK_T
-    rows = start + j * BLOCK_T + tl.arange(0, BLOCK_T)
-    return rows, rows < end, last
+    if EQUAL_GROUPS:
+        blocks_per_group = tl.maximum(tl.cdiv(GROUP_ROWS, BLOCK_T), 1)
+        g = tb // blocks_per_group
+        start = g.to(tl.int64) * GROUP_ROWS
+        end = tl.where(g < G, tl.minimum(start + GROUP_ROWS, R), start)
+        first_row = start + (tb - g * blocks_per_group).to(tl.int64) * BLOCK_T
+    else:
+        position = tb.to(tl.int64) * BLOCK_T
+        lo = tl.full((), 0, tl.int32)
+        hi = G + lo
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ends_before = tl.load(padded_offs_ptr + mid + 1) <= position
+            lo = tl.where(ends_before, mid + 1, lo)
+            hi = tl.where(ends_before, hi, mid)
+        g = lo
+        last = tl.minimum(g, G - 1)
+        start = tl.load(offs_ptr + last).to(tl.int64)
+        end = tl.where(g < G, tl.load(offs_ptr + last + 1).to(tl.int64), start)
+        first_row = start + position - tl.load(padded_offs_ptr + last)
+    rows = first_row + tl.arange(0, BLOCK_T)
+    return rows, rows < end, g
 
 
 @triton.jit
-def _cols_t_amax_kernel(
-    x_ptr, amax_ptr, offs_ptr, padded_offs_ptr, block_group_ptr, G, C, stride_xm,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """amax[g, c] over group g's rows, one program per (128-row block, column block): balanced under skew."""
-    tb = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    rows, row_mask, g = _token_block(tb, block_group_ptr, offs_ptr, padded_offs_ptr, G, BLOCK_T)
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < C))
-    # A block without rows contributes 0, the amax's initial value: no need to mask it out.
-    tl.atomic_max(amax_ptr + g * C + cols, tl.max(tl.abs(x.to(tl.float32)), axis=0), mask=cols < C)
+def _padded_offsets_kernel(offs_ptr, padded_ptr, G, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr):
+    """padded[g+1] = sum over groups <= g of len rounded up to BLOCK_T; one program."""
+    i = tl.arange(0, BLOCK_G)
+    lens = tl.load(offs_ptr + i + 1, mask=i < G, other=0) - tl.load(offs_ptr + i, mask=i < G, other=0)
+    padded = tl.cumsum((lens + BLOCK_T - 1) // BLOCK_T * BLOCK_T, 0)
+    tl.store(padded_ptr + i + 1, padded, mask=i < G)
+    tl.store(padded_ptr, tl.zeros((), padded_ptr.dtype.element_ty))
 
 
 @triton.jit
-def _quantize_cols_t_kernel(
-    x_ptr, qt_ptr, scale_ptr, offs_ptr, padded_offs_ptr, block_group_ptr,
-    G, C, stride_xm, stride_qc, stride_sg, stride_sc, stride_sb,
-    FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
-    BLOCKWISE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+def _amax_both_kernel(
+    x_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr, G, R, C, stride_x, GROUP_ROWS,
+    ROWWISE: tl.constexpr, ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr,
+    EQUAL_GROUPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """q^T[c, 128*tb + i] for padded token block tb (grid: padded blocks x column blocks).
-
-    Scales: given per (group, column) through strides (tensorwise, rowwise), or computed per
-    column of this 128-row block (BLOCKWISE) and stored at [c, tb]. Every column of q^T is
-    written, padding and slack as zeros, at 128-aligned offsets (vectorized stores).
-    """
+    """The first pass of a rowwise or tensorwise quantization, one read of x for every scale it needs:
+    ROWWISE: amax per (group, column) and, for ROWS, per row; else amax per group or of the tensor."""
     tb = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
-    rows, row_mask, g = _token_block(tb, block_group_ptr, offs_ptr, padded_offs_ptr, G, BLOCK_T)
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=row_mask[:, None] & col_mask[None, :])
-    x = x.to(tl.float32)
-    if BLOCKWISE:
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
-        tl.store(scale_ptr + cols * stride_sc + tb * stride_sb, scale, mask=col_mask)
+    rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS, BLOCK_T)
+    last = tl.minimum(g, G - 1)  # a slack block (g == G) holds zeros: adding it to the last group changes nothing
+    # Masked rows and columns read 0, the amax's initial value: they change nothing.
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :])
+    x = tl.abs(x.to(tl.float32))
+    if ROWWISE:
+        if ROWS:
+            tl.atomic_max(row_amax_ptr + rows, tl.max(x, axis=1), mask=row_mask)
+        tl.atomic_max(group_amax_ptr + last * C + cols, tl.max(x, axis=0), mask=col_mask)
     else:
-        scale = tl.load(scale_ptr + g * stride_sg + cols * stride_sc, mask=col_mask, other=1.0)
-    q = _to_fp8_range(x / scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(qt_ptr.dtype.element_ty)
+        tl.atomic_max(group_amax_ptr + last * TENSOR_PER_GROUP, tl.max(x))
+
+
+@triton.jit
+def _quantize_both_kernel(
+    x_ptr, q_ptr, qt_ptr, scale_ptr, scale_t_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr,
+    G, R, C, stride_x, stride_q, stride_qt, GROUP_ROWS, TOKEN_BLOCKS, SCALE_GROUPS,
+    FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
+    MODE: tl.constexpr,  # 0 tensorwise, 1 rowwise (amax from _amax_both_kernel), 2 blockwise (scales here)
+    ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr, EQUAL_GROUPS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """One read of a [BLOCK_T, BLOCK_C] tile of x, one or two fp8 layouts written from it:
+
+    q^T [C, capacity] scaled along the rows within each group (per tensor, per (group, column), or per
+    128x1 block), every group padded with zeros to whole 128-row blocks, the wgrad's operand; and for
+    ROWS, q [R, C] scaled along C (per tensor, per row, or per 1x128 block), the forward's and the
+    dgrad's A operand. Program tb < SCALE_GROUPS also writes group tb's scales, so that an empty group
+    gets its own too.
+    """
+    tb = tl.program_id(0)
+    cb = tl.program_id(1)
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < C
+    rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS, BLOCK_T)
+    last = tl.minimum(g, G - 1)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :])
+    x = x.to(tl.float32)
+    if MODE == 2:  # BLOCK_C == BLOCK_T == 128: the tile is one 1x128 block per row, one 128x1 per column
+        row_scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
+        col_scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
+        if ROWS:
+            tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + cb, row_scale, mask=row_mask)
+        if tb < TOKEN_BLOCKS:  # [capacity / 128, C]: a token block's scales are contiguous, as the wgrad reads them
+            tl.store(scale_t_ptr + tb * C + cols, col_scale, mask=col_mask)
+    elif MODE == 1:
+        row_scale = tl.maximum(tl.load(row_amax_ptr + rows, mask=row_mask, other=0.0), EPS) / FP8_MAX
+        col_scale = tl.maximum(tl.load(group_amax_ptr + last * C + cols, mask=col_mask, other=0.0), EPS) / FP8_MAX
+        if ROWS:  # noqa: SIM102 (a compile-time flag, then a run-time test: Triton cannot `and` them)
+            if cb == 0:
+                tl.store(scale_ptr + rows, row_scale, mask=row_mask)
+        if tb < SCALE_GROUPS:
+            amax = tl.load(group_amax_ptr + tb * C + cols, mask=col_mask, other=0.0)
+            tl.store(scale_t_ptr + tb * C + cols, tl.maximum(amax, EPS) / FP8_MAX, mask=col_mask)
+    else:
+        scale = tl.maximum(tl.load(group_amax_ptr + last * TENSOR_PER_GROUP), EPS) / FP8_MAX
+        row_scale = tl.full((BLOCK_T,), 1.0, tl.float32) * scale
+        col_scale = tl.full((BLOCK_C,), 1.0, tl.float32) * scale
+        if (cb == 0) & (tb < SCALE_GROUPS):
+            tl.store(scale_ptr + tb, tl.maximum(tl.load(group_amax_ptr + tb), EPS) / FP8_MAX)
+    if ROWS:
+        q = _to_fp8_range(x / row_scale[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q.to(q_ptr.dtype.element_ty),
+                 mask=row_mask[:, None] & col_mask[None, :])
+    qt = _to_fp8_range(x / col_scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(qt_ptr.dtype.element_ty)
     dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
-    tl.store(qt_ptr + cols[:, None] * stride_qc + dest[None, :], tl.trans(q), mask=col_mask[:, None])
+    # Programs past the layout (tb >= TOKEN_BLOCKS) only write scales.
+    in_layout = dest < TOKEN_BLOCKS * BLOCK_T
+    tl.store(qt_ptr + cols[:, None] * stride_qt + dest[None, :], tl.trans(qt),
+             mask=col_mask[:, None] & in_layout[None, :])
 
 
 @triton.jit
@@ -277,12 +345,50 @@ def quantize_rows(
     return q, scale
 
 
+@dataclass(frozen=True)
+class RowGroups:
+    """Which rows of an [R, C] tensor form each group of the transposed layout: `offs` [G+1] on the
+    device for token groups of any size (a router's split; `padded`, their padded offsets, if already
+    computed), else `count` groups of `size` rows each (a dense tensor is one group; a stack of expert
+    weights, one per expert)."""
+
+    count: int
+    offs: torch.Tensor | None = None
+    size: int = 0
+    padded: torch.Tensor | None = None
+
+    @classmethod
+    def tokens(cls, offs: torch.Tensor, padded: torch.Tensor | None = None) -> RowGroups:
+        return cls(offs.numel() - 1, offs, padded=padded)
+
+    @classmethod
+    def equal(cls, count: int, size: int) -> RowGroups:
+        return cls(count, None, size)
+
+    def capacity(self, rows: int) -> int:
+        """Columns of the transposed layout: every group padded to whole 128-row blocks."""
+        if self.offs is None:
+            return self.count * triton.cdiv(self.size, BLOCK) * BLOCK
+        return padded_capacity(rows, self.count)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """What `quantize_both` wrote: `rows` (q [R, C], scale) for the passes that reduce over C, `cols_t`
+    (q^T [C, capacity], scale) for the wgrad, which reduces over the rows of each group, and the groups'
+    padded offsets (token groups only). See quantize_rows and quantize_cols_t for the scale shapes."""
+
+    rows: tuple[torch.Tensor, torch.Tensor] | None
+    cols_t: tuple[torch.Tensor, torch.Tensor] | None
+    padded_offs: torch.Tensor | None
+
+
 def padded_offsets(group_offs: torch.Tensor) -> torch.Tensor:
     """Group offsets [G+1] with every group's length rounded up to 128 (on the device, no host sync)."""
-    lens = group_offs[1:] - group_offs[:-1]
-    out = torch.zeros_like(group_offs)
-    torch.cumsum(torch.div(lens + BLOCK - 1, BLOCK, rounding_mode="floor") * BLOCK, dim=0, out=out[1:])
-    return out
+    G = group_offs.numel() - 1
+    padded = torch.empty_like(group_offs)
+    _padded_offsets_kernel[(1,)](group_offs, padded, G, BLOCK_G=triton.next_power_of_2(max(G, 1)), BLOCK_T=BLOCK)
+    return padded
 
 
 def padded_capacity(rows: int, groups: int) -> int:
@@ -290,56 +396,81 @@ def padded_capacity(rows: int, groups: int) -> int:
     return triton.cdiv(rows + groups * (BLOCK - 1), BLOCK) * BLOCK
 
 
-def quantize_cols_t(
-    x: torch.Tensor,
-    group_offs: torch.Tensor,
-    fp8_dtype: torch.dtype,
-    granularity: Granularity,
-    per_segment_tensor_scale: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Quantize a row-major [M, C] tensor along its rows within each group, written transposed.
+def quantize_both(
+    x: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granularity, groups: RowGroups,
+    rows: bool = True, cols: bool = True, tensor_per_group: bool = False,
+) -> Quantized:
+    """Quantize a row-major [R, C] tensor into the layouts a training step reads, in one pass over x
+    (blockwise) or two (rowwise, tensorwise: the amax, then the casts), each layout only if asked for.
 
-    Rows [group_offs[g], group_offs[g+1]) form group g. Returns (q^T, scale, padded_offs): q^T is
-    [C, padded_capacity(M, G)] with group g in columns [padded_offs[g], padded_offs[g+1]), each
-    group padded with zeros to a multiple of 128 so readers take aligned, unmasked 128-token
-    blocks. scale: TENSORWISE [1] (or [G] with `per_segment_tensor_scale`, for equal-sized groups
-    such as stacked expert weights), ROWWISE [G, C], BLOCKWISE [C, capacity / 128] indexed by the
-    padded column // 128 (blocks never cross groups). The kernels run one program per 128-row
-    block, so a group holding most tokens gets most programs (skew-balanced).
+    rows: q [R, C] with TENSORWISE scale [1] ([G] with `tensor_per_group`), ROWWISE [R], BLOCKWISE
+    [R, cdiv(C, 128)]. cols_t: q^T [C, groups.capacity(R)], group g in columns [padded[g],
+    padded[g+1]) zero-padded to a multiple of 128 so readers take aligned, unmasked 128-token blocks;
+    scale TENSORWISE the rows' tensor, ROWWISE [G, C], BLOCKWISE [capacity / 128, C] indexed by the
+    padded column // 128 (blocks never cross groups). One program per 128-row block and column block:
+    a group holding most tokens gets most programs (skew-balanced).
     """
     if x.ndim != 2 or x.stride(1) != 1:
-        raise ValueError(f"quantize_cols_t: x must be 2-D with contiguous rows, got {tuple(x.shape)}")
-    M, C = x.shape
-    G = group_offs.numel() - 1
-    fmt = _format_args(fp8_dtype)
-    fmax = FP8_MAX[fp8_dtype]
-    capacity = padded_capacity(M, G)
-    padded = padded_offsets(group_offs)
-    # Group of every padded 128-row block, found on the device (G for the slack past the last group).
-    block_group = torch.searchsorted(padded[1:], torch.arange(0, capacity, BLOCK, device=x.device), right=True)
-    qt = torch.empty((C, capacity), dtype=fp8_dtype, device=x.device)
-    block_c = 64
-    grid = (capacity // BLOCK, triton.cdiv(C, block_c))
-    if granularity == Granularity.TENSORWISE:
-        segment_rows = M // G if per_segment_tensor_scale and G else max(M, 1)
-        scale = torch.clamp_min(segment_amax(x, segment_rows), AMAX_EPS) / fmax
-        strides = (int(per_segment_tensor_scale), 0, 0)
+        raise ValueError(f"quantize_both: x must be 2-D with contiguous rows, got {tuple(x.shape)} {x.stride()}")
+    R, C = x.shape
+    if not cols:  # one layout along the rows: quantize_rows, one kernel that needs no zeroed amax
+        segment_rows = groups.size if tensor_per_group and granularity == Granularity.TENSORWISE else None
+        return Quantized(quantize_rows(x, fp8_dtype, granularity, segment_rows), None, None)
+    G, device = groups.count, x.device
+    equal = groups.offs is None
+    capacity = groups.capacity(R)
+    padded = None if equal else groups.padded if groups.padded is not None else padded_offsets(groups.offs)
+    offs = x if equal else groups.offs  # pointers the kernels never read for equal groups
+    padded_ptr = x if equal else padded
+    q = torch.empty((R, C), dtype=fp8_dtype, device=device) if rows else None
+    qt = torch.empty((C, capacity), dtype=fp8_dtype, device=device)
+    row_amax = group_amax = scale = scale_t = None
+    scale_groups = 0
+    if granularity == Granularity.BLOCKWISE:
+        scale = torch.empty((R, triton.cdiv(C, BLOCK)), dtype=torch.float32, device=device) if rows else None
+        scale_t = torch.empty((capacity // BLOCK, C), dtype=torch.float32, device=device)
+        mode = 2
     elif granularity == Granularity.ROWWISE:
-        amax = torch.zeros((max(G, 1), C), dtype=torch.float32, device=x.device)
-        if G and C:
-            _cols_t_amax_kernel[grid](x, amax, group_offs, padded, block_group, G, C, x.stride(0),
-                                      BLOCK_T=BLOCK, BLOCK_C=block_c)
-        scale = torch.clamp_min(amax[:G], AMAX_EPS) / fmax
-        strides = (scale.stride(0), scale.stride(1), 0)
+        # One zeroed buffer for both amaxes: one memset.
+        amax = torch.zeros(R * rows + max(G, 1) * C, dtype=torch.float32, device=device)
+        row_amax, group_amax = amax[:R] if rows else amax, amax[R * rows:].view(-1, C)
+        scale = torch.empty(R, dtype=torch.float32, device=device) if rows else None
+        scale_t = torch.empty((G, C), dtype=torch.float32, device=device)
+        scale_groups, mode = G, 1
     else:
-        scale = torch.empty((C, capacity // BLOCK), dtype=torch.float32, device=x.device)
-        strides = (0, scale.stride(0), scale.stride(1))
-    if G and C:
-        _quantize_cols_t_kernel[grid](
-            x, qt, scale, group_offs, padded, block_group, G, C, x.stride(0), qt.stride(0), *strides,
-            **fmt, EPS=AMAX_EPS, BLOCKWISE=granularity == Granularity.BLOCKWISE, BLOCK_T=BLOCK, BLOCK_C=block_c,
+        scale_groups = G if tensor_per_group else 1
+        group_amax = row_amax = torch.zeros(scale_groups, dtype=torch.float32, device=device)
+        scale = scale_t = torch.empty(scale_groups, dtype=torch.float32, device=device)
+        mode = 0
+    token_blocks = capacity // BLOCK
+    common = dict(G=G, R=R, C=C, stride_x=x.stride(0), GROUP_ROWS=groups.size, EQUAL_GROUPS=equal)
+    if C and (R or scale_groups):
+        if mode != 2 and R:
+            _amax_both_kernel[(token_blocks, triton.cdiv(C, BLOCK))](
+                x, row_amax, group_amax, offs, padded_ptr, **common, ROWWISE=mode == 1, ROWS=rows,
+                TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK, num_warps=8,
+            )
+        unused = scale_t  # stands in for the pointers a mode does not read
+        _quantize_both_kernel[(max(token_blocks, scale_groups), triton.cdiv(C, BLOCK))](
+            x, qt if q is None else q, qt, unused if scale is None else scale, scale_t,
+            unused if row_amax is None else row_amax, unused if group_amax is None else group_amax,
+            offs, padded_ptr, **common, stride_q=C, stride_qt=capacity,
+            TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
+            MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
+            num_warps=4,  # 4 warps measured 3-15% faster than 8 (H100, scripts/host_profile.py)
         )
-    return qt, scale, padded
+    elif mode == 0:  # nothing to read: the scale of an all-zero tensor
+        scale.fill_(AMAX_EPS / FP8_MAX[fp8_dtype])
+    return Quantized((q, scale) if rows else None, (qt, scale_t), padded)
+
+
+def quantize_cols_t(
+    x: torch.Tensor, group_offs: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granularity
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize a row-major [M, C] tensor along its rows within each token group, written transposed:
+    (q^T, scale, padded_offs), the cols_t layout of `quantize_both`."""
+    both = quantize_both(x, fp8_dtype, granularity, RowGroups.tokens(group_offs), rows=False)
+    return (*both.cols_t, both.padded_offs)
 
 
 def quantize_blocks_2d(w: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -3,7 +3,7 @@
     from kernels.common.fp8 import Float8Config, Format, Granularity
     from kernels.gemm_fp8 import gemm_fp8, quantize
     cfg = Float8Config(Format.HYBRID, Granularity.BLOCKWISE)
-    y = gemm_fp8(x, w, config=cfg)              # x [M, K], w [N, K] in bf16: quantized per pass
+    y = gemm_fp8(x, w, config=cfg)              # x [M, K], w [N, K] in bf16: each quantized once a step
     y.backward(dy)                              # dgrad and wgrad in FP8 too (E5M2 gradients: HYBRID)
 
     w8 = quantize(w, torch.float8_e4m3fn, Granularity.BLOCKWISE, weight=True)
@@ -15,89 +15,107 @@ sync: the op runs under CUDA-graph capture.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.common.device import check_same_device
-from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_rows
-from kernels.gemm_fp8.kernel import (
-    Fp8Tensor,
-    fp8_rows_times_weight,
-    fp8_token_reduction,
-    quantize,
-    weight_operand,
-)
+from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
+from kernels.gemm_fp8.kernel import Fp8Tensor, fp8_rows_times_weight, fp8_token_reduction, quantize, weight_operand
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _quantized_rows(x: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granularity) -> Fp8Tensor:
-    return Fp8Tensor(*quantize_rows(x, fp8_dtype, granularity), granularity)
+@dataclass(frozen=True)
+class ForBackward:
+    """What the forward keeps for the backward, each part only if its gradient is wanted: `a`
+    quantized along its tokens and transposed (the wgrad's operand) and the weight quantized for the
+    dgrad. FP8 copies: the high-precision `a` is not kept."""
+
+    a_cols: tuple[torch.Tensor, torch.Tensor] | None
+    dgrad_weight: QuantizedWeight | None
 
 
-def fp8_forward(a: torch.Tensor | Fp8Tensor, b: torch.Tensor | None, trans_b: bool, config: Float8Config,
-                out: torch.Tensor, weight: QuantizedWeight | None = None) -> QuantizedWeight:
-    """out = a @ op(b) in FP8, quantizing what is not quantized yet (`a` may be an Fp8Tensor, `weight`
-    the already-quantized b); returns the quantized weight (its 128x128 blocks serve the dgrad)."""
-    gran = config.granularity
-    # Stored [N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
-    weight = weight or QuantizedWeight.quantize(b[None], not trans_b, config.forward_dtype, gran)
-    a_q = a if isinstance(a, Fp8Tensor) else _quantized_rows(a, config.forward_dtype, gran)
-    fp8_rows_times_weight("fwd", a_q, weight, out)
-    return weight
+def _tokens(rows: int) -> RowGroups:
+    """A dense operand's tokens: one group."""
+    return RowGroups.equal(1, rows)
 
 
-def fp8_dgrad(grad_out: torch.Tensor, b: torch.Tensor, trans_b: bool, config: Float8Config, grad_a: torch.Tensor,
-              forward_weight: QuantizedWeight | None = None) -> None:
-    """grad_a = grad_out @ op(b)^T in FP8; reuses the forward's 128x128 weight blocks when given."""
-    gran = config.granularity
-    blocks = forward_weight.blocks if forward_weight is not None and gran == Granularity.BLOCKWISE else None
-    weight = QuantizedWeight.quantize(b[None], trans_b, config.forward_dtype, gran, blocks)
-    fp8_rows_times_weight("dgrad", _quantized_rows(grad_out, config.grad_dtype, gran), weight, grad_a)
-
-
-def fp8_wgrad(grad_out: torch.Tensor, a: torch.Tensor, trans_b: bool, config: Float8Config,
-              grad_b: torch.Tensor) -> None:
-    """grad_b = grad_out^T @ a (trans_b) or a^T @ grad_out in FP8, reducing over the tokens."""
-    if trans_b:
-        fp8_token_reduction(grad_out, config.grad_dtype, a, config.forward_dtype, config.granularity, grad_b)
+def fp8_forward(
+    a: torch.Tensor | Fp8Tensor, b: torch.Tensor | Fp8Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
+    needs: tuple[bool, bool] = (False, False),
+) -> ForBackward:
+    """out = a @ op(b) in FP8, quantizing what is not quantized yet (an Fp8Tensor b is [N, K]);
+    `needs` = (grad of a, grad of b) says what to keep for the backward."""
+    need_da, need_db = needs
+    gran, fp8 = config.granularity, config.forward_dtype
+    if isinstance(a, Fp8Tensor):
+        a_rows = a
+        a_high = a.dequantize(b.dtype if isinstance(b, torch.Tensor) else torch.bfloat16) if need_db else None
+        a_cols = quantize_both(a_high, fp8, gran, _tokens(a_high.shape[0]), rows=False).cols_t if need_db else None
     else:
-        fp8_token_reduction(a, config.forward_dtype, grad_out, config.grad_dtype, config.granularity, grad_b)
+        a_q = quantize_both(a, fp8, gran, _tokens(a.shape[0]), cols=need_db)
+        a_rows, a_cols = Fp8Tensor(*a_q.rows, gran), a_q.cols_t
+    if isinstance(b, Fp8Tensor):
+        weight = weight_operand(b, reduce_over_n=False)
+        dgrad_weight = weight_operand(b, reduce_over_n=True) if need_da else None
+    else:
+        # Stored [N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
+        weight, dgrad_weight = QuantizedWeight.pair(b[None], not trans_b, fp8, gran, need_da)
+    fp8_rows_times_weight("fwd", a_rows, weight, out)
+    return ForBackward(a_cols, dgrad_weight)
+
+
+def for_backward(a: torch.Tensor, b: torch.Tensor, trans_b: bool, config: Float8Config) -> ForBackward:
+    """What fp8_forward keeps for both gradients, quantized on its own (to time the backward alone)."""
+    gran, fp8 = config.granularity, config.forward_dtype
+    a_cols = quantize_both(a, fp8, gran, _tokens(a.shape[0]), rows=False).cols_t
+    return ForBackward(a_cols, QuantizedWeight.quantize(b[None], trans_b, fp8, gran))
+
+
+def fp8_backward(
+    grad_out: torch.Tensor, saved: ForBackward, trans_b: bool, config: Float8Config,
+    grad_a: torch.Tensor | None, grad_b: torch.Tensor | None,
+) -> None:
+    """grad_a = grad_out @ op(b)^T (dgrad) and grad_b = grad_out^T @ a (trans_b) or a^T @ grad_out
+    (wgrad, reducing over the tokens), each into its buffer if given; the upstream gradient is
+    quantized once, into both layouts."""
+    gran = config.granularity
+    g = quantize_both(grad_out, config.grad_dtype, gran, _tokens(grad_out.shape[0]), rows=grad_a is not None,
+                      cols=grad_b is not None)
+    if grad_a is not None:
+        fp8_rows_times_weight("dgrad", Fp8Tensor(*g.rows, gran), saved.dgrad_weight, grad_a)
+    if grad_b is not None:
+        x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
+        fp8_token_reduction(x, y, gran, grad_b)
 
 
 class _GemmFp8(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, a_fp8, b_fp8, trans_b, out_dtype, config):
+        a_op = a if a_fp8 is None else a_fp8
+        b_op = b if b_fp8 is None else b_fp8
         rows = a.shape[0] if a is not None else a_fp8.data.shape[0]
         cols = b_fp8.data.shape[0] if b_fp8 is not None else b.shape[0 if trans_b else 1]
         device = a.device if a is not None else a_fp8.data.device
         out = torch.empty((rows, cols), dtype=out_dtype, device=device)
-        weight = weight_operand(b_fp8, reduce_over_n=False) if b_fp8 is not None else None
-        weight = fp8_forward(a if a_fp8 is None else a_fp8, b, trans_b, config, out, weight)
-        ctx.save_for_backward(a, b)
-        ctx.a_fp8, ctx.b_fp8, ctx.trans_b, ctx.config = a_fp8, b_fp8, trans_b, config
-        ctx.forward_weight = weight
+        ctx.saved = fp8_forward(a_op, b_op, trans_b, config, out, needs=ctx.needs_input_grad[:2])
+        ctx.trans_b, ctx.config = trans_b, config
+        ctx.dtype = (a if a is not None else b).dtype if a is not None or b is not None else out_dtype
+        ctx.a_shape = a.shape if a is not None else None
+        ctx.b_shape = b.shape if b is not None else None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b = ctx.saved_tensors
-        config = ctx.config
-        dtype = a.dtype if a is not None else b.dtype
-        grad_out = grad_out.to(dtype).contiguous()
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_a = torch.empty_like(a)
-            if ctx.b_fp8 is not None:
-                grad_q = _quantized_rows(grad_out, config.grad_dtype, config.granularity)
-                fp8_rows_times_weight("dgrad", grad_q, weight_operand(ctx.b_fp8, reduce_over_n=True), grad_a)
-            else:
-                fp8_dgrad(grad_out, b, ctx.trans_b, config, grad_a, ctx.forward_weight)
-        if ctx.needs_input_grad[1]:
-            grad_b = torch.empty_like(b)
-            fp8_wgrad(grad_out, a if a is not None else ctx.a_fp8.dequantize(dtype), ctx.trans_b, config, grad_b)
-        ctx.forward_weight = None
+        grad_out = grad_out.to(ctx.dtype).contiguous()
+        empty = lambda shape: torch.empty(shape, dtype=ctx.dtype, device=grad_out.device)  # noqa: E731
+        grad_a = empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
+        grad_b = empty(ctx.b_shape) if ctx.needs_input_grad[1] else None
+        fp8_backward(grad_out, ctx.saved, ctx.trans_b, ctx.config, grad_a, grad_b)
+        ctx.saved = None
         return grad_a, grad_b, None, None, None, None, None
 
 
@@ -134,21 +152,30 @@ def gemm_fp8(
 ) -> torch.Tensor:
     """`a @ b^T` (trans_b, b [N, K]) or `a @ b` (b [K, N]) in FP8, with autograd.
 
-    a [M, K] and b are bf16/fp16 tensors, quantized per `config` (default E4M3 rowwise) in each
-    pass, or Fp8Tensors from `quantize` (constants: no gradient flows to them). out_dtype defaults
-    to the high-precision operand's dtype (bf16 if both are FP8).
+    a [M, K] and b are bf16/fp16 tensors, quantized per `config` (default E4M3 rowwise) once a step
+    into the layouts its passes read, or Fp8Tensors from `quantize` (constants: no gradient flows to
+    them). out_dtype defaults to the high-precision operand's dtype (bf16 if both are FP8).
     """
     config = config or Float8Config()
+    if out_dtype is not None and out_dtype not in SUPPORTED_OUT_DTYPES:
+        raise ValueError(f"gemm_fp8: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     _check(a, b, trans_b, config)
     a_fp8 = a if isinstance(a, Fp8Tensor) else None
     b_fp8 = b if isinstance(b, Fp8Tensor) else None
     high = [t for t in (a, b) if isinstance(t, torch.Tensor)]
     out_dtype = out_dtype or (high[0].dtype if high else torch.bfloat16)
-    if out_dtype not in SUPPORTED_OUT_DTYPES:
-        raise ValueError(f"gemm_fp8: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     return _GemmFp8.apply(None if a_fp8 else a.contiguous(), None if b_fp8 else b.contiguous(), a_fp8, b_fp8,
                           trans_b, out_dtype, config)
 
 
-__all__ = ["Float8Config", "Format", "Fp8Tensor", "Granularity", "fp8_dgrad", "fp8_forward", "fp8_wgrad", "gemm_fp8",
-           "quantize"]
+__all__ = [
+    "Float8Config",
+    "Format",
+    "Fp8Tensor",
+    "Granularity",
+    "for_backward",
+    "fp8_backward",
+    "fp8_forward",
+    "gemm_fp8",
+    "quantize",
+]

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from kernels.common import blockwise_ws
-from kernels.common.fp8 import BLOCK, Granularity, quantize_cols_t, quantize_rows
+from kernels.common.fp8 import BLOCK, Granularity, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tma import tma_layout
 from kernels.gemm.kernel import launch_tma
@@ -124,13 +124,12 @@ def fp8_rows_times_weight(pass_name: str, x: Fp8Tensor, w: QuantizedWeight, out:
 
 
 def fp8_token_reduction(
-    x: torch.Tensor, x_dtype: torch.dtype, y: torch.Tensor, y_dtype: torch.dtype, granularity: Granularity,
+    x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor], granularity: Granularity,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """out = x^T @ y, reducing over the M tokens of x [M, P] and y [M, Q] (the wgrad)."""
-    all_tokens = torch.arange(2, device=x.device, dtype=torch.int64) * x.shape[0]
-    xt, sx, _ = quantize_cols_t(x, all_tokens, x_dtype, granularity)
-    yt, sy, _ = quantize_cols_t(y, all_tokens, y_dtype, granularity)
+    """out = x^T @ y, reducing over the tokens: x = (q^T [P, capacity], scale) and y likewise, both
+    quantized along the tokens into quantize_both's transposed layout (the wgrad)."""
+    (xt, sx), (yt, sy) = x, y
     scales = Scales(sx, vark_scale_strides(sx, granularity)[1:], sy, vark_scale_strides(sy, granularity),
                     per_k_block=granularity == Granularity.BLOCKWISE)
     return scaled_mm(xt, yt, out, scales, "wgrad", granularity)

@@ -14,7 +14,7 @@ from kernels.common.fp8 import Granularity, quantize_rows
 from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors, gemm_train_step
 from kernels.gemm.spec import SPEC as GEMM_SPEC
 from kernels.gemm.spec import flops, make_inputs, make_outputs, reference
-from kernels.gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad, gemm_fp8
+from kernels.gemm_fp8 import for_backward, fp8_backward, fp8_forward, gemm_fp8
 from kernels.grouped_gemm_fp8.spec import VARIANTS, config_of, snr_formats
 
 
@@ -33,11 +33,11 @@ def _forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
 
 
 def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
-    # Timed on its own, the backward quantizes the weight for the dgrad itself (for blockwise the
-    # autograd path reuses the forward's 128x128 blocks instead).
+    # Timed on its own, the backward quantizes what a step's forward keeps for it (a along the tokens,
+    # the weight for the dgrad) itself.
     cfg = config_of(problem.variant)
-    fp8_dgrad(inputs["grad_out"], inputs["b"], True, cfg, outputs["da"])
-    fp8_wgrad(inputs["grad_out"], inputs["a"], True, cfg, outputs["db"])
+    saved = for_backward(inputs["a"], inputs["b"], True, cfg)
+    fp8_backward(inputs["grad_out"], saved, True, cfg, outputs["da"], outputs["db"])
 
 
 def train_step(problem: Problem, inputs: Tensors) -> Tensors:

@@ -104,20 +104,22 @@ def _grouped_mm_kernel(
 
 @triton.jit
 def _grouped_mm_vark_kernel(
-    x_ptr, y_ptr, c_ptr, offs_ptr, sx_ptr, sy_ptr,
+    x_ptr, y_ptr, x_desc, y_desc, c_ptr, offs_ptr, sx_ptr, sy_ptr,
     P, Q,
     stride_xp, stride_xt, stride_yq, stride_yt, stride_cg, stride_cp,
     stride_sxg, stride_sxp, stride_sxb, stride_syg, stride_syq, stride_syb,
     SCALE: tl.constexpr,
     PADDED: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_P: tl.constexpr,
 ):
     """C[g] = X_g @ Y_g^T, reducing over group g's tokens t in [offs[g], offs[g+1]) (variable K).
 
     X is [P, tokens] and Y is [Q, tokens] through their strides: token-major bf16 operands, or the
     K-major transposed FP8 copies, whose groups are PADDED to whole zero-filled 128-token blocks
-    (aligned, unmasked loads; the j-th block of a group is block offs[g] // 128 + j). Grid: (tiles
-    of one [P, Q] output, groups); an empty group's tiles store zeros.
+    (aligned, unmasked loads; the j-th block of a group is block offs[g] // 128 + j). TMA (padded,
+    K-major operands): both read through tensor descriptors, the copy engine zero-filling past P and
+    Q. Grid: (tiles of one [P, Q] output, groups); an empty group's tiles store zeros.
     """
     g = tl.program_id(1)
     pid_p, pid_q = grouped_tile(tl.program_id(0), tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP_P)
@@ -137,7 +139,11 @@ def _grouped_mm_vark_kernel(
     if SCALE == 2:
         blk = start // BLOCK_K
     for kb in range(0, tl.cdiv((end - start).to(tl.int32), BLOCK_K)):
-        if PADDED:
+        if TMA:
+            t0 = (start + kb * BLOCK_K).to(tl.int32)
+            x = x_desc.load([pid_p * BLOCK_P, t0])
+            y = y_desc.load([pid_q * BLOCK_Q, t0])
+        elif PADDED:
             x = tl.load(x_ptrs, mask=p_mask[:, None], other=0.0)
             y = tl.load(y_ptrs, mask=q_mask[:, None], other=0.0)
         else:
@@ -231,12 +237,21 @@ def grouped_mm_vark(
     s = scales or VarKScales(x, (0, 0, 0), x, (0, 0, 0))
     mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.per_k_block else SCALE_EPILOGUE)
     grid = (triton.cdiv(P, cfg.BLOCK_M) * triton.cdiv(Q, cfg.BLOCK_N), G)
+    # Padded K-major operands (the FP8 wgrad's) are whole 128-token blocks TMA can read; the bf16
+    # token-major ones have groups that end mid-tile, which only masks can cut.
+    tma = padded and tma_layout(x) is True and tma_layout(y) is True
+    x_desc = y_desc = None
+    if tma:
+        bind_context(x.device)
+        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
+        y_desc = TensorDescriptor(y, list(y.shape), list(y.stride()), [cfg.BLOCK_N, cfg.BLOCK_K])
     _grouped_mm_vark_kernel[grid](
-        x, y, out, offs, s.x, s.y,
+        x, y, x_desc, y_desc, out, offs, s.x, s.y,
         P, Q,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1),
         *s.x_strides, *s.y_strides,
-        SCALE=mode, PADDED=padded, BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
+        SCALE=mode, PADDED=padded, TMA=tma,
+        BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

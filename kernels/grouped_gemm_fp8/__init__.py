@@ -6,78 +6,96 @@
     out = grouped_gemm_fp8(tokens, expert_weights, group_lens, config=cfg)   # bf16 in, bf16 out
     out.backward(grad)
 
-Inputs stay in bf16/fp16; each pass quantizes what it reads (kernels/grouped_gemm_fp8/kernel.py).
-Like grouped_gemm, nothing reads `group_lens` on the host: the op is CUDA-graph safe.
+Inputs stay in bf16/fp16. Each is quantized once per step into every layout its passes read
+(kernels/grouped_gemm_fp8/kernel.py): the forward quantizes the tokens along K for itself and along
+each group's tokens for the wgrad, and the weight both ways (the dgrad reads the second), keeping
+for the backward only what a wanted gradient needs; the backward quantizes the upstream gradient
+both ways in one pass. Like grouped_gemm, nothing reads `group_lens` on the host: the op is
+CUDA-graph safe.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from kernels.common.fp8 import Float8Config, Format, Granularity
+from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
 from kernels.grouped_gemm import check_grouped_inputs
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, m_grouped_fp8, vark_fp8
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _stored(b: torch.Tensor, trans_b: bool) -> tuple[torch.Tensor, bool]:
-    """The weight as stored ([G, R, C], contiguous) and whether the forward reduces over its rows R."""
-    return b.contiguous(), not trans_b
+@dataclass(frozen=True)
+class ForBackward:
+    """What the forward keeps for the backward, each part only if its gradient is wanted: the tokens
+    quantized along each group's tokens (the wgrad's operand, with the groups' padded offsets) and the
+    weight quantized for the dgrad. FP8 copies: the high-precision tokens are not kept."""
+
+    a_cols: tuple[torch.Tensor, torch.Tensor] | None
+    padded_offs: torch.Tensor | None
+    dgrad_weight: QuantizedWeight | None
 
 
 def fp8_forward(
-    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor
-) -> QuantizedWeight:
-    w, fwd_reduces_rows = _stored(b, trans_b)
-    weight = QuantizedWeight.quantize(w, fwd_reduces_rows, config.forward_dtype, config.granularity)
-    m_grouped_fp8("fwd", a, config.forward_dtype, weight, offs, config.granularity, out)
-    return weight
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
+    needs: tuple[bool, bool] = (False, False),
+) -> ForBackward:
+    """out[rows_g] = a[rows_g] @ op(b[g]) in FP8; `needs` = (grad of a, grad of b) says what to keep."""
+    need_da, need_db = needs
+    gran = config.granularity
+    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db)
+    # Stored [G, N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
+    weight, dgrad_weight = QuantizedWeight.pair(b.contiguous(), not trans_b, config.forward_dtype, gran, need_da)
+    m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out)
+    return ForBackward(a_q.cols_t, a_q.padded_offs, dgrad_weight)
 
 
-def fp8_dgrad(
-    grad_out: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config,
-    grad_a: torch.Tensor, forward_weight: QuantizedWeight | None = None,
+def for_backward(
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config
+) -> ForBackward:
+    """What fp8_forward keeps for both gradients, quantized on its own (to time the backward alone)."""
+    a_q = quantize_both(a, config.forward_dtype, config.granularity, RowGroups.tokens(offs), rows=False)
+    dgrad_weight = QuantizedWeight.quantize(b.contiguous(), trans_b, config.forward_dtype, config.granularity)
+    return ForBackward(a_q.cols_t, a_q.padded_offs, dgrad_weight)
+
+
+def fp8_backward(
+    grad_out: torch.Tensor, saved: ForBackward, offs: torch.Tensor, trans_b: bool, config: Float8Config,
+    grad_a: torch.Tensor | None, grad_b: torch.Tensor | None,
 ) -> None:
-    """grad_a = grad_out @ b_g per group; reuses the forward's 128x128 weight blocks when given."""
-    w, fwd_reduces_rows = _stored(b, trans_b)
-    blocks = forward_weight.blocks if forward_weight and config.granularity == Granularity.BLOCKWISE else None
-    weight = QuantizedWeight.quantize(w, not fwd_reduces_rows, config.forward_dtype, config.granularity, blocks)
-    m_grouped_fp8("dgrad", grad_out, config.grad_dtype, weight, offs, config.granularity, grad_a)
-
-
-def fp8_wgrad(
-    grad_out: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config,
-    grad_b: torch.Tensor,
-) -> None:
-    """grad_b[g] = grad_out_g^T @ a_g (trans_b) or a_g^T @ grad_out_g, reducing over group g's tokens."""
-    if trans_b:
-        vark_fp8(grad_out, config.grad_dtype, a, config.forward_dtype, offs, config.granularity, grad_b)
-    else:
-        vark_fp8(a, config.forward_dtype, grad_out, config.grad_dtype, offs, config.granularity, grad_b)
+    """grad_a = grad_out @ b_g per group (dgrad) and grad_b[g] = grad_out_g^T @ a_g (trans_b) or
+    a_g^T @ grad_out_g (wgrad, reducing over group g's tokens), each into its buffer if given."""
+    gran = config.granularity
+    groups = RowGroups.tokens(offs, saved.padded_offs)
+    g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None)
+    if grad_a is not None:
+        m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a)
+    if grad_b is not None:
+        x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
+        vark_fp8(x, y, g.padded_offs, grad_out.shape[0], gran, grad_b)
 
 
 class _GroupedGemmFp8(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, offs, trans_b, out_dtype, config):
         out = torch.empty((a.shape[0], b.shape[1] if trans_b else b.shape[2]), dtype=out_dtype, device=a.device)
-        ctx.forward_weight = fp8_forward(a, b, offs, trans_b, config, out)
-        ctx.save_for_backward(a, b, offs)
-        ctx.trans_b, ctx.config = trans_b, config
+        ctx.saved = fp8_forward(a, b, offs, trans_b, config, out, needs=ctx.needs_input_grad[:2])
+        ctx.save_for_backward(offs)
+        ctx.trans_b, ctx.config, ctx.dtype = trans_b, config, a.dtype
+        ctx.a_shape, ctx.b_shape = a.shape, b.shape
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        a, b, offs = ctx.saved_tensors
-        grad_out = grad_out.to(a.dtype).contiguous()
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_a = torch.empty_like(a)
-            fp8_dgrad(grad_out, b, offs, ctx.trans_b, ctx.config, grad_a, ctx.forward_weight)
-        if ctx.needs_input_grad[1]:
-            grad_b = torch.empty_like(b)
-            fp8_wgrad(grad_out, a, offs, ctx.trans_b, ctx.config, grad_b)
-        ctx.forward_weight = None
+        (offs,) = ctx.saved_tensors
+        grad_out = grad_out.to(ctx.dtype).contiguous()
+        empty = lambda shape: torch.empty(shape, dtype=ctx.dtype, device=grad_out.device)  # noqa: E731
+        grad_a = empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
+        grad_b = empty(ctx.b_shape) if ctx.needs_input_grad[1] else None
+        fp8_backward(grad_out, ctx.saved, offs, ctx.trans_b, ctx.config, grad_a, grad_b)
+        ctx.saved = None
         return grad_a, grad_b, None, None, None, None
 
 
@@ -105,4 +123,4 @@ def grouped_gemm_fp8(
     return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config)
 
 
-__all__ = ["Float8Config", "Format", "Granularity", "grouped_gemm_fp8"]
+__all__ = ["Float8Config", "Format", "Granularity", "for_backward", "fp8_backward", "fp8_forward", "grouped_gemm_fp8"]

@@ -16,7 +16,7 @@ from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_rows
 from kernels.common.opspec import GEMM_CLASS_FIELDS, OpSpec, Problem, Runner, Tensors, gemm_train_step
 from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm.spec import GROUPED_MM_BASELINE, bytes_moved, flops, make_inputs, make_outputs, reference
-from kernels.grouped_gemm_fp8 import fp8_dgrad, fp8_forward, fp8_wgrad, grouped_gemm_fp8
+from kernels.grouped_gemm_fp8 import for_backward, fp8_backward, fp8_forward, grouped_gemm_fp8
 
 GRANULARITIES = (Granularity.ROWWISE, Granularity.TENSORWISE, Granularity.BLOCKWISE)
 VARIANTS = tuple(f"{fmt.value}-{gran.value}" for fmt, gran in itertools.product(Format, GRANULARITIES))
@@ -42,11 +42,11 @@ def _forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
 
 
 def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
-    # Timed on its own, the backward quantizes the weight for the dgrad itself (for blockwise the
-    # autograd path reuses the forward's 128x128 blocks instead).
+    # Timed on its own, the backward quantizes what a step's forward keeps for it (the tokens along
+    # each group, the weight for the dgrad) itself: a little more than a step's backward pays.
     offs, cfg = group_offsets(inputs["group_lens"]), config_of(problem.variant)
-    fp8_dgrad(inputs["grad_out"], inputs["b"], offs, True, cfg, outputs["da"])
-    fp8_wgrad(inputs["grad_out"], inputs["a"], offs, True, cfg, outputs["db"])
+    saved = for_backward(inputs["a"], inputs["b"], offs, True, cfg)
+    fp8_backward(inputs["grad_out"], saved, offs, True, cfg, outputs["da"], outputs["db"])
 
 
 def train_step(problem: Problem, inputs: Tensors) -> Tensors:

@@ -1,0 +1,136 @@
+"""Where an FP8 training step's time goes (issue 15), on a GPU: each op's host cost per call, a
+cProfile of a host-bound step, the quantization kernels' bandwidth, and the kernels of the DeepSeek-V3
+MoE step.
+
+    PYTHONPATH=. python3 scripts/host_profile.py
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_rows
+from kernels.gemm.kernel import launch_tma
+from kernels.gemm_fp8 import fp8_backward, fp8_forward, gemm_fp8
+from kernels.grouped_gemm import group_offsets
+from kernels.grouped_gemm_fp8.kernel import QuantizedWeight
+
+sys.path.insert(0, "benchmarks")
+from training_step import MOE_CASES, moe_steps, skewed_splits
+
+E4M3 = torch.float8_e4m3fn
+
+
+def host_us(fn, calls: int = 300) -> float:
+    """Host microseconds per call, on shapes small enough that the GPU keeps up."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - started
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def op_host_costs(n: int = 512) -> None:
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    xg = x.clone().requires_grad_()
+    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    dense = RowGroups.equal(1, n)
+    rowwise, blockwise = Float8Config(), Float8Config(granularity=Granularity.BLOCKWISE)
+    saved = fp8_forward(x, w.detach(), True, rowwise, out, needs=(True, True))
+    da, dw = torch.empty_like(x), torch.empty_like(x)
+
+    def step(config):
+        def run():
+            xg.grad = w.grad = None
+            gemm_fp8(xg, w, config=config).backward(x)
+        return run
+
+    def bf16_step():
+        xg.grad = w.grad = None
+        F.linear(xg, w).backward(x)
+
+    costs = {
+        "torch.empty": lambda: torch.empty(n, device="cuda"),
+        "torch.zeros": lambda: torch.zeros(n, device="cuda"),
+        "quantize_rows rowwise": lambda: quantize_rows(x, E4M3, Granularity.ROWWISE),
+        "quantize_both rowwise": lambda: quantize_both(x, E4M3, Granularity.ROWWISE, dense),
+        "quantize_both blockwise": lambda: quantize_both(x, E4M3, Granularity.BLOCKWISE, dense),
+        "QuantizedWeight.pair rowwise": lambda: QuantizedWeight.pair(x[None], False, E4M3, Granularity.ROWWISE, True),
+        "quantize_blocks_2d": lambda: quantize_blocks_2d(x[None], E4M3),
+        "launch_tma bf16": lambda: launch_tma(x, x.t(), out, triton_cfg()),
+        "fp8_forward rowwise (no grads)": lambda: fp8_forward(x, w.detach(), True, rowwise, out),
+        "fp8_forward rowwise (both grads)": lambda: fp8_forward(x, w.detach(), True, rowwise, out, (True, True)),
+        "fp8_backward rowwise": lambda: fp8_backward(x, saved, True, rowwise, da, dw),
+        "fp8_forward blockwise (no grads)": lambda: fp8_forward(x, w.detach(), True, blockwise, out),
+        "step bf16 F.linear": bf16_step,
+        "step rowwise gemm_fp8": step(rowwise),
+        "step blockwise gemm_fp8": step(blockwise),
+    }
+    print(f"host us per call ({n}^3, bf16):")
+    for name, fn in costs.items():
+        print(f"  {name:36s} {host_us(fn):8.1f}")
+    prof = cProfile.Profile()
+    run = step(rowwise)
+    prof.enable()
+    for _ in range(50):
+        run()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+    print(text.getvalue())
+
+
+def triton_cfg():
+    from kernels.gemm.tuning import config_for
+    return config_for(512, 512, 512)
+
+
+def quantization_bandwidth() -> None:
+    """TB/s of quantize_both on the DeepSeek-V3 routed tokens (32768 x 7168, 32 skewed groups) and on its
+    GateUP weight stack, next to a copy of the tokens."""
+    T, H = 32768, 7168
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(32 * 4096, H, device="cuda", dtype=torch.bfloat16)
+    offs = group_offsets(torch.tensor(skewed_splits(T, 32, 1, seed=1)[0], device="cuda"))
+    for name, t, groups in (("tokens", x, RowGroups.tokens(offs)), ("weights", w, RowGroups.equal(32, 4096))):
+        for gran, reads in ((Granularity.ROWWISE, 2), (Granularity.BLOCKWISE, 1)):
+            ms = triton.testing.do_bench(lambda t=t, g=gran, groups=groups: quantize_both(t, E4M3, g, groups))
+            moved = t.numel() * 2 * (reads + 1)  # reads of the bf16 tensor, two fp8 copies written
+            print(f"  quantize_both {name:8s} {gran.value:9s} {ms * 1e3:8.1f} us {moved / ms / 1e9:6.2f} TB/s")
+    ms = triton.testing.do_bench(lambda: x.clone())
+    print(f"  copy of the tokens {2 * x.numel() * 2 / ms / 1e9:6.2f} TB/s")
+
+
+def moe_kernels() -> None:
+    moe = moe_steps(MOE_CASES["deepseek-v3"], ["e4m3-rowwise", "e4m3-blockwise"], torchao=False)
+    for name in ("ours e4m3-rowwise", "ours e4m3-blockwise"):
+        step = moe[name]
+        for i in range(8):
+            step(i)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for i in range(3):
+                step(i)
+            torch.cuda.synchronize()
+        print(f"=== moe dsv3 {name}, 3 steps")
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=12, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    op_host_costs()
+    quantization_bandwidth()
+    moe_kernels()
