@@ -16,6 +16,7 @@ written in both orientations with one set of scales).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -202,12 +203,16 @@ def _amax_both_kernel(
     # Masked rows and columns read 0, the amax's initial value: they change nothing.
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :])
     x = tl.abs(x.to(tl.float32))
+    # Non-negative floats order as their bit patterns do: one integer atomic max each, where a float
+    # atomic max costs two (a max for positives, a min for negatives).
+    row_amax_bits = row_amax_ptr.to(tl.pointer_type(tl.int32))
+    group_amax_bits = group_amax_ptr.to(tl.pointer_type(tl.int32))
     if ROWWISE:
         if ROWS:
-            tl.atomic_max(row_amax_ptr + rows, tl.max(x, axis=1), mask=row_mask)
-        tl.atomic_max(group_amax_ptr + last * C + cols, tl.max(x, axis=0), mask=col_mask)
+            tl.atomic_max(row_amax_bits + rows, tl.max(x, axis=1).to(tl.int32, bitcast=True), mask=row_mask)
+        tl.atomic_max(group_amax_bits + last * C + cols, tl.max(x, axis=0).to(tl.int32, bitcast=True), mask=col_mask)
     else:
-        tl.atomic_max(group_amax_ptr + last * TENSOR_PER_GROUP, tl.max(x))
+        tl.atomic_max(group_amax_bits + last * TENSOR_PER_GROUP, tl.max(x).to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -293,8 +298,9 @@ def _quantize_blocks_2d_kernel(
 # --- launchers --------------------------------------------------------------------------------------
 
 
+@functools.cache
 def _format_args(dtype: torch.dtype) -> dict[str, object]:
-    """The constexprs that describe an fp8 format to the quantization kernels."""
+    """The constexprs that describe an fp8 format to the quantization kernels (read-only: shared)."""
     if dtype not in FP8_MAX:
         raise ValueError(f"fp8 dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
     mantissa, min_exp = FP8_GRID[dtype]
