@@ -7,11 +7,14 @@ format's range. Granularities:
 - BLOCKWISE: 1x128 blocks along the reduction dim for activations and gradients, 128x128 blocks
   for weights.
 
-Every layout a GEMM pass needs comes out of one kernel that reads the high-precision tensor once:
-`quantize_rows` (reduction dim contiguous), `quantize_cols_t` (reduction along rows, written
-transposed so the GEMM reads it K-major; scaling groups never cross group boundaries, as the
-variable-K wgrad of a grouped GEMM requires) and `quantize_blocks_2d` (128x128 weight blocks,
-written in both orientations with one set of scales).
+A training step quantizes each operand once, into every layout its passes read:
+- `quantize_both`: along the rows (the reduction dim contiguous: the forward's and the dgrad's A
+  operand) and, from the same read of x, along the columns within each row group, written transposed
+  and padded to 128-row blocks so the wgrad reads it K-major (scaling groups never cross group
+  boundaries, as the variable-K wgrad of a grouped GEMM requires). Blockwise in one pass over x;
+  rowwise and tensorwise in two (an amax pass, then the casts).
+- `quantize_rows`: the rows' layout alone, one kernel; `quantize_cols_t`: the transposed one alone.
+- `quantize_blocks_2d`: 128x128 weight blocks, written in both orientations with one set of scales.
 """
 
 from __future__ import annotations
@@ -382,7 +385,7 @@ class RowGroups:
 class Quantized:
     """What `quantize_both` wrote: `rows` (q [R, C], scale) for the passes that reduce over C, `cols_t`
     (q^T [C, capacity], scale) for the wgrad, which reduces over the rows of each group, and the groups'
-    padded offsets (token groups only). See quantize_rows and quantize_cols_t for the scale shapes."""
+    padded offsets (token groups only). Scale shapes: see quantize_both."""
 
     rows: tuple[torch.Tensor, torch.Tensor] | None
     cols_t: tuple[torch.Tensor, torch.Tensor] | None

@@ -224,7 +224,7 @@ def grouped_mm_vark(
     """out[g] = x[:, cols_g] @ y[:, cols_g]^T: x [P, M], y [Q, M] (any strides), out [G, P, Q].
 
     `padded`: x and y hold every group zero-padded to whole 128-token blocks at 128-aligned
-    `offs` (as quantize_cols_t writes them).
+    `offs` (as quantize_both writes them).
     """
     (P, _), (Q, _) = x.shape, y.shape
     G = offs.numel() - 1
