@@ -117,30 +117,6 @@ def kernels_per_step(step: Step, steps: int = 3) -> tuple[float, float]:
     return sum(e.device_time for e in device) / 1e3 / steps, len(device) / steps
 
 
-def graphed(step: Step, set_draw: Callable[[int], None]) -> Step:
-    """`step` captured once in a CUDA graph, forward and backward, then replayed: the step without the
-    host's time, as a loop that captures its step (static shapes) runs it. Everything the captured
-    kernels read stays where it was at capture; a replay first copies the draw's router outcome into
-    the buffers the step reads (`set_draw`): no op here reads the outcome on the host."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capturing stream, as capture requires
-        for i in range(2):
-            set_draw(i)
-            step(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    set_draw(0)
-    with torch.cuda.graph(graph):
-        outputs = step(0)
-
-    def replay(draw: int) -> dict[str, torch.Tensor]:
-        set_draw(draw)
-        graph.replay()
-        return outputs
-    return replay
-
-
 def measure(label: str, impl: str, step: Step, flops: float, steps: int) -> dict[str, object]:
     for i in range(DRAWS):  # the warm-up: compiles, autotunes, lazy imports, every router outcome once
         step(i)
@@ -150,9 +126,8 @@ def measure(label: str, impl: str, step: Step, flops: float, steps: int) -> dict
             "gpu_ms": gpu_ms, "launches": launches}
 
 
-def dense_steps(M: int, N: int, K: int, variants: list[str], torchao: bool, graph: bool = False) -> dict[str, Step]:
-    """One Linear layer's step per implementation, on the same x, W and upstream gradient (each captured
-    in a CUDA graph if `graph`)."""
+def dense_steps(M: int, N: int, K: int, variants: list[str], torchao: bool) -> dict[str, Step]:
+    """One Linear layer's step per implementation, on the same x, W and upstream gradient."""
     gen = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     grad = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -178,14 +153,11 @@ def dense_steps(M: int, N: int, K: int, variants: list[str], torchao: bool, grap
             linear.weight = torch.nn.Parameter(weight.detach().clone())
             module = convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name(recipe))
             steps[f"torchao {recipe}"] = step_of(module, module.weight)
-    if graph:
-        return {name: graphed(step, lambda draw: None) for name, step in steps.items()}
     return steps
 
 
-def moe_steps(case: MoECase, variants: list[str], torchao: bool, graph: bool = False) -> dict[str, Step]:
-    """One expert MLP's step per implementation, under the router outcome it is given (each captured in a
-    CUDA graph if `graph`)."""
+def moe_steps(case: MoECase, variants: list[str], torchao: bool) -> dict[str, Step]:
+    """One expert MLP's step per implementation, under the router outcome it is given."""
     E, H, I, T = case.experts, case.hidden, case.inter, case.routed
     gen = torch.Generator(device="cuda").manual_seed(E * 31 + H)
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
@@ -195,15 +167,6 @@ def moe_steps(case: MoECase, variants: list[str], torchao: bool, graph: bool = F
     splits = skewed_splits(T, E, DRAWS, seed=E + H)
     lens = [torch.tensor(s, device="cuda", dtype=torch.int64) for s in splits]
     offs = [torch.cumsum(n, 0, dtype=torch.int32) for n in lens]
-    # What a step reads for draw k: the draw's own tensors, or under capture one buffer each, into which
-    # a replay copies the draw's outcome (the captured kernels read the buffers they were captured with).
-    step_lens, step_offs = lens, offs
-    if graph:
-        step_lens, step_offs = [lens[0].clone()] * DRAWS, [offs[0].clone()] * DRAWS
-
-    def set_draw(k: int) -> None:
-        step_lens[0].copy_(lens[k])
-        step_offs[0].copy_(offs[k])
 
     def swiglu(h: torch.Tensor) -> torch.Tensor:
         gate, up = h.chunk(2, dim=-1)
@@ -217,17 +180,15 @@ def moe_steps(case: MoECase, variants: list[str], torchao: bool, graph: bool = F
             return {"out": y, "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad}
         return step
 
-    steps = {"bf16 torch": step_of(lambda a, w, k: torch._grouped_mm(a, w.transpose(-2, -1), offs=step_offs[k]))}
+    steps = {"bf16 torch": step_of(lambda a, w, k: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs[k]))}
     for name in variants:
         steps[f"ours {name}"] = step_of(
-            lambda a, w, k, c=VARIANTS[name]: grouped_gemm_fp8(a, w, step_lens[k], config=c))
+            lambda a, w, k, c=VARIANTS[name]: grouped_gemm_fp8(a, w, lens[k], config=c))
     if torchao:
         from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
 
         steps["torchao rowwise"] = step_of(lambda a, w, k: _to_fp8_rowwise_then_scaled_grouped_mm(
-            a, w.transpose(-2, -1), step_offs[k], pad_token_groups_for_grouped_mm=False))
-    if graph:
-        return {name: graphed(step, set_draw) for name, step in steps.items()}
+            a, w.transpose(-2, -1), offs[k], pad_token_groups_for_grouped_mm=False))
     return steps
 
 
@@ -264,29 +225,23 @@ def main() -> None:
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed loop")
     parser.add_argument("--no-torchao", dest="torchao", action="store_false", help="leave torchao out")
-    parser.add_argument("--graph", action="store_true",
-                        help="capture each implementation's step in a CUDA graph and time its replays: the "
-                             "ratio without host time (torchao left out)")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
-    torchao = args.torchao and not args.graph
     if args.suite == "dense":
         cases = {
-            s.label: (lambda d=s.dims: dense_steps(d["M"], d["N"], d["K"], args.variants, torchao, args.graph),
+            s.label: (lambda d=s.dims: dense_steps(d["M"], d["N"], d["K"], args.variants, args.torchao),
                       6.0 * s.dims["M"] * s.dims["N"] * s.dims["K"])
             for s in load_shapes("dense_gemm", args.shapes) if args.only in s.label
         }
     else:
         cases = {
-            name: (lambda c=MOE_CASES[name]: moe_steps(c, args.variants, torchao, args.graph),
+            name: (lambda c=MOE_CASES[name]: moe_steps(c, args.variants, args.torchao),
                    6.0 * 3 * MOE_CASES[name].routed * MOE_CASES[name].hidden * MOE_CASES[name].inter)
             for name in args.models
         }
     rows = run_suite(cases, args.steps)
     columns = ["label", "impl", "step_ms", "tflops", "ratio", "host_ms", "gpu_ms", "launches"]
-    mode = "CUDA-graph replays" if args.graph else "eager"
-    report(rows, f"training step ({args.suite}, {mode}; ratio = bf16 step ms / step ms)", columns, args.csv,
-           group="impl")
+    report(rows, f"training step ({args.suite}; ratio = bf16 step ms / step ms)", columns, args.csv, group="impl")
 
 
 if __name__ == "__main__":
