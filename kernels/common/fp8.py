@@ -470,7 +470,7 @@ def quantize_both(
             offs, padded_ptr, **common, stride_q=C, stride_qt=capacity,
             TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
             MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
-            num_warps=4,  # 4 warps measured 3-15% faster than 8 (H100, scripts/host_profile.py)
+            num_warps=4,  # 4 warps measured up to 15% faster than 8 (H100, 2026-11-23)
         )
     elif mode == 0:  # nothing to read: the scale of an all-zero tensor
         scale.fill_(AMAX_EPS / FP8_MAX[fp8_dtype])

@@ -15,27 +15,15 @@ sync: the op runs under CUDA-graph capture.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from kernels.common.device import check_same_device
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
 from kernels.gemm_fp8.kernel import Fp8Tensor, fp8_rows_times_weight, fp8_token_reduction, quantize, weight_operand
-from kernels.grouped_gemm_fp8.kernel import QuantizedWeight
+from kernels.grouped_gemm_fp8.kernel import ForBackward, QuantizedWeight
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-@dataclass(frozen=True)
-class ForBackward:
-    """What the forward keeps for the backward, each part only if its gradient is wanted: `a`
-    quantized along its tokens and transposed (the wgrad's operand) and the weight quantized for the
-    dgrad. FP8 copies: the high-precision `a` is not kept."""
-
-    a_cols: tuple[torch.Tensor, torch.Tensor] | None
-    dgrad_weight: QuantizedWeight | None
 
 
 def _tokens(rows: int) -> RowGroups:
@@ -52,9 +40,10 @@ def fp8_forward(
     need_da, need_db = needs
     gran, fp8 = config.granularity, config.forward_dtype
     if isinstance(a, Fp8Tensor):
-        a_rows = a
-        a_high = a.dequantize(b.dtype if isinstance(b, torch.Tensor) else torch.bfloat16) if need_db else None
-        a_cols = quantize_both(a_high, fp8, gran, _tokens(a_high.shape[0]), rows=False).cols_t if need_db else None
+        a_rows, a_cols = a, None
+        if need_db:  # b is a tensor then: the wgrad reads a's values again, along the tokens
+            a_high = a.dequantize(b.dtype)
+            a_cols = quantize_both(a_high, fp8, gran, _tokens(a_high.shape[0]), rows=False).cols_t
     else:
         a_q = quantize_both(a, fp8, gran, _tokens(a.shape[0]), cols=need_db)
         a_rows, a_cols = Fp8Tensor(*a_q.rows, gran), a_q.cols_t
@@ -103,7 +92,7 @@ class _GemmFp8(torch.autograd.Function):
         out = torch.empty((rows, cols), dtype=out_dtype, device=device)
         ctx.saved = fp8_forward(a_op, b_op, trans_b, config, out, needs=ctx.needs_input_grad[:2])
         ctx.trans_b, ctx.config = trans_b, config
-        ctx.dtype = (a if a is not None else b).dtype if a is not None or b is not None else out_dtype
+        ctx.dtype = next((t.dtype for t in (a, b) if t is not None), out_dtype)  # of the gradients
         ctx.a_shape = a.shape if a is not None else None
         ctx.b_shape = b.shape if b is not None else None
         return out

@@ -16,26 +16,13 @@ CUDA-graph safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
 from kernels.grouped_gemm import check_grouped_inputs
-from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, m_grouped_fp8, vark_fp8
+from kernels.grouped_gemm_fp8.kernel import ForBackward, QuantizedWeight, m_grouped_fp8, vark_fp8
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class ForBackward:
-    """What the forward keeps for the backward, each part only if its gradient is wanted: the tokens
-    quantized along each group's tokens (the wgrad's operand, with the groups' padded offsets) and the
-    weight quantized for the dgrad. FP8 copies: the high-precision tokens are not kept."""
-
-    a_cols: tuple[torch.Tensor, torch.Tensor] | None
-    padded_offs: torch.Tensor | None
-    dgrad_weight: QuantizedWeight | None
 
 
 def fp8_forward(
@@ -49,7 +36,7 @@ def fp8_forward(
     # Stored [G, N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
     weight, dgrad_weight = QuantizedWeight.pair(b.contiguous(), not trans_b, config.forward_dtype, gran, need_da)
     m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out)
-    return ForBackward(a_q.cols_t, a_q.padded_offs, dgrad_weight)
+    return ForBackward(a_q.cols_t, dgrad_weight, a_q.padded_offs)
 
 
 def for_backward(
@@ -58,7 +45,7 @@ def for_backward(
     """What fp8_forward keeps for both gradients, quantized on its own (to time the backward alone)."""
     a_q = quantize_both(a, config.forward_dtype, config.granularity, RowGroups.tokens(offs), rows=False)
     dgrad_weight = QuantizedWeight.quantize(b.contiguous(), trans_b, config.forward_dtype, config.granularity)
-    return ForBackward(a_q.cols_t, a_q.padded_offs, dgrad_weight)
+    return ForBackward(a_q.cols_t, dgrad_weight, a_q.padded_offs)
 
 
 def fp8_backward(

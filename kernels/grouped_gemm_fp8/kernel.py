@@ -91,6 +91,18 @@ class QuantizedWeight:
         return forward, other if dgrad else None
 
 
+@dataclass(frozen=True)
+class ForBackward:
+    """What an FP8 forward keeps for its backward, each part only if its gradient is wanted: the tokens
+    quantized along each group's tokens and transposed (the wgrad's operand), with the groups' padded
+    offsets (None for a dense GEMM's single group), and the weight quantized for the dgrad. FP8 copies
+    only: the high-precision tokens are not kept."""
+
+    a_cols: tuple[torch.Tensor, torch.Tensor] | None
+    dgrad_weight: QuantizedWeight | None
+    padded_offs: torch.Tensor | None = None
+
+
 def row_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int]:
     """A-operand scale view [row, k_block]: tensorwise broadcasts, rowwise per row, blockwise 1x128."""
     if granularity == Granularity.TENSORWISE:
