@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 import kernels
@@ -21,18 +19,12 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def persistent_programs(device: torch.device, tiles: int) -> int:
     """Programs of a persistent grid: one per SM, no more than the tiles; a few under the interpreter,
     so that each program walks several tiles there too."""
     if interpreter_mode() or device.type != "cuda":
         return max(1, min(tiles, 4))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(tiles, _sm_count(index)))  # a launch's host time counts: ask the driver once
+    return max(1, min(tiles, torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 # Shared memory a Hopper (sm_90) block can have: 227 KiB.

@@ -19,7 +19,6 @@ A training step quantizes each operand once, into every layout its passes read:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -33,6 +32,12 @@ BLOCK = 128
 FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # (mantissa bits, smallest normal exponent) of each format, for the interpreter's rounding below.
 FP8_GRID: dict[torch.dtype, tuple[int, int]] = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
+# The constexprs that describe each format to the quantization kernels (EMULATE: the interpreter's
+# rounding, fixed when `kernels` is imported), built once: a launch's host time counts.
+FORMAT_ARGS: dict[torch.dtype, dict[str, object]] = {
+    dtype: {"FP8_MAX": FP8_MAX[dtype], "MANTISSA": mantissa, "MIN_EXP": min_exp, "EMULATE": interpreter_mode()}
+    for dtype, (mantissa, min_exp) in FP8_GRID.items()
+}
 # amax floor: an all-zero scaling group gets a tiny positive scale instead of a division by zero.
 AMAX_EPS = 1e-12
 
@@ -305,13 +310,11 @@ def _quantize_blocks_2d_kernel(
 # --- launchers --------------------------------------------------------------------------------------
 
 
-@functools.cache
 def _format_args(dtype: torch.dtype) -> dict[str, object]:
     """The constexprs that describe an fp8 format to the quantization kernels (read-only: shared)."""
-    if dtype not in FP8_MAX:
+    if dtype not in FORMAT_ARGS:
         raise ValueError(f"fp8 dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
-    mantissa, min_exp = FP8_GRID[dtype]
-    return {"FP8_MAX": FP8_MAX[dtype], "MANTISSA": mantissa, "MIN_EXP": min_exp, "EMULATE": interpreter_mode()}
+    return FORMAT_ARGS[dtype]
 
 
 def segment_amax(x: torch.Tensor, segment_rows: int) -> torch.Tensor:
