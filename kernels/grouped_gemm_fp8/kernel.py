@@ -47,8 +47,9 @@ class QuantizedWeight:
         over_rows: bool = True, blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[QuantizedWeight | None, QuantizedWeight | None]:
         """`w`, stored [G, R, C] contiguous, quantized for the passes that reduce over C (the stored rows
-        are K-major already) and over R (quantized column-wise, written transposed), each if asked for,
-        from one read of w: the forward's operand and the dgrad's come out of one quantization."""
+        are K-major already) and over R (quantized column-wise, written transposed), each if asked for:
+        the forward's operand and the dgrad's come out of one quantization (blockwise: one read of w;
+        rowwise and tensorwise: an amax pass and a cast pass)."""
         G, R, C = w.shape
         if granularity == Granularity.BLOCKWISE:
             blocks = blocks or quantize_blocks_2d(w, fp8_dtype)
