@@ -93,6 +93,23 @@ class QuantizedWeight:
 
 
 @dataclass(frozen=True)
+class ExpertWeightsFp8:
+    """An expert weight stack quantized for the forward and the dgrad, once: a training loop that
+    accumulates gradients over microbatches quantizes its weights once per optimizer step and hands
+    every microbatch the same copy (`grouped_gemm_fp8(..., b_fp8=)`), where each step would otherwise
+    quantize them again. `version` is the stack's `_version` when it was quantized: an in-place update
+    since (an optimizer step) makes the copy stale, and the op refuses it."""
+
+    forward: QuantizedWeight
+    dgrad: QuantizedWeight
+    shape: tuple[int, int, int]
+    trans_b: bool
+    fp8_dtype: torch.dtype
+    granularity: Granularity
+    version: int
+
+
+@dataclass(frozen=True)
 class ForBackward:
     """What an FP8 forward keeps for its backward, each part only if its gradient is wanted: the tokens
     quantized along each group's tokens and transposed (the wgrad's operand), with the groups' padded
