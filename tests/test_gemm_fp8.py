@@ -8,7 +8,7 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.fp8 import Float8Config, Format, Granularity
-from kernels.gemm_fp8 import Fp8Tensor, fp8_backward, fp8_forward, gemm_fp8, quantize
+from kernels.gemm_fp8 import Fp8Tensor, fp8_backward, fp8_forward, gemm_fp8, prequantize_weight, quantize
 from kernels.gemm_fp8.tuning import TUNABLE_SPACE, TUNED_TABLE, buckets_for, config_for
 from tests.graph_replay import replay_and_eager
 
@@ -179,3 +179,39 @@ def test_a_step_that_wants_one_gradient_gets_it_right(gran, wants, device, half_
     _, ref_da, ref_db = reference(a.detach(), w.detach(), grad, True)
     got, ref, other = (a.grad, ref_da, w.grad) if wants == "input" else (w.grad, ref_db, a.grad)
     assert other is None and snr_db(got, ref) >= 25
+
+
+@pytest.mark.parametrize("gran", [Granularity.ROWWISE, Granularity.BLOCKWISE], ids=lambda g: g.value)
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_a_weight_quantized_once_gives_the_same_step(gran, trans_b, device, half_dtype):
+    """prequantize_weight once, then the op reads that copy instead of quantizing w: the same output and
+    gradients (w's included), bit for bit."""
+    M, N, K = SHAPES[0]
+    config = Float8Config(Format.HYBRID, gran)
+    torch.manual_seed(3)
+    a0 = torch.randn(M, K, dtype=half_dtype, device=device)
+    w0 = torch.randn((N, K) if trans_b else (K, N), dtype=half_dtype, device=device)
+    grad = torch.randn(M, N, dtype=half_dtype, device=device)
+    results = []
+    for prequantized in (False, True):
+        a, w = a0.clone().requires_grad_(), w0.clone().requires_grad_()
+        w8 = prequantize_weight(w, trans_b, config) if prequantized else None
+        out = gemm_fp8(a, w, trans_b=trans_b, config=config, b_fp8=w8)
+        out.backward(grad)
+        results.append((out, a.grad, w.grad))
+    for plain, reused in zip(*results, strict=True):
+        assert torch.equal(plain, reused)
+
+
+def test_a_foreign_weight_copy_is_refused(device):
+    a = torch.randn(8, 32, dtype=torch.float16, device=device)
+    w = torch.randn(16, 32, dtype=torch.float16, device=device, requires_grad=True)
+    w8 = prequantize_weight(w)
+    with pytest.raises(ValueError, match="b_fp8 is of a"):
+        gemm_fp8(a, w.detach().t().contiguous(), trans_b=False, b_fp8=w8)
+    with pytest.raises(ValueError, match="goes with a bf16/fp16 b"):
+        gemm_fp8(a, quantize(w.detach(), torch.float8_e4m3fn, Granularity.ROWWISE, weight=True), b_fp8=w8)
+    with pytest.raises(ValueError, match=r"the config wants torch\.float8_e4m3fn blockwise"):
+        gemm_fp8(a, w, config=Float8Config(granularity=Granularity.BLOCKWISE), b_fp8=w8)
+    with pytest.raises(ValueError, match="2-D"):
+        prequantize_weight(w[None])

@@ -9,6 +9,9 @@
     w8 = quantize(w, torch.float8_e4m3fn, Granularity.BLOCKWISE, weight=True)
     y = gemm_fp8(x, w8, config=cfg)             # a weight kept in FP8: no gradient flows to it
 
+    w8 = prequantize_weight(w, config=cfg)      # once per optimizer step, for every microbatch:
+    y = gemm_fp8(x, w, config=cfg, b_fp8=w8)    # w is not quantized again, and still gets its gradient
+
 Any M, N and K: a partial 128-block gets its own scale, nothing is padded by the caller. No host
 sync: the op runs under CUDA-graph capture.
 """
@@ -20,7 +23,7 @@ import torch
 from kernels.common.device import check_same_device
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
 from kernels.gemm_fp8.kernel import Fp8Tensor, fp8_rows_times_weight, fp8_token_reduction, quantize, weight_operand
-from kernels.grouped_gemm_fp8.kernel import ForBackward, QuantizedWeight
+from kernels.grouped_gemm_fp8.kernel import ForBackward, QuantizedWeight, WeightFp8, check_prequantized
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -31,12 +34,24 @@ def _tokens(rows: int) -> RowGroups:
     return RowGroups.equal(1, rows)
 
 
+def prequantize_weight(w: torch.Tensor, trans_b: bool = True, config: Float8Config | None = None) -> WeightFp8:
+    """The weight w ([N, K] if trans_b, else [K, N]) quantized for the forward and the dgrad under
+    `config`, for `gemm_fp8(..., b_fp8=)`. Make it again after every update of w (an optimizer step):
+    the op reads the copy as given."""
+    config = config or Float8Config()
+    if not isinstance(w, torch.Tensor) or w.ndim != 2 or w.dtype not in SUPPORTED_DTYPES:
+        shown = f"{w.dtype} {tuple(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"prequantize_weight: w must be a 2-D bf16/fp16 weight, got {shown}")
+    return WeightFp8.of(w, trans_b, config.forward_dtype, config.granularity)
+
+
 def fp8_forward(
     a: torch.Tensor | Fp8Tensor, b: torch.Tensor | Fp8Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
-    needs: tuple[bool, bool] = (False, False),
+    needs: tuple[bool, bool] = (False, False), b_fp8: WeightFp8 | None = None,
 ) -> ForBackward:
-    """out = a @ op(b) in FP8, quantizing what is not quantized yet (an Fp8Tensor b is [N, K]);
-    `needs` = (grad of a, grad of b) says what to keep for the backward."""
+    """out = a @ op(b) in FP8, quantizing what is not quantized yet (an Fp8Tensor b is [N, K]; `b_fp8`
+    is b already quantized by prequantize_weight); `needs` = (grad of a, grad of b) says what to keep
+    for the backward."""
     need_da, need_db = needs
     gran, fp8 = config.granularity, config.forward_dtype
     if isinstance(a, Fp8Tensor):
@@ -47,7 +62,9 @@ def fp8_forward(
     else:
         a_q = quantize_both(a, fp8, gran, _tokens(a.shape[0]), cols=need_db)
         a_rows, a_cols = Fp8Tensor(*a_q.rows, gran), a_q.cols_t
-    if isinstance(b, Fp8Tensor):
+    if b_fp8 is not None:
+        weight, dgrad_weight = b_fp8.forward, b_fp8.dgrad if need_da else None
+    elif isinstance(b, Fp8Tensor):
         weight = weight_operand(b, reduce_over_n=False)
         dgrad_weight = weight_operand(b, reduce_over_n=True) if need_da else None
     else:
@@ -83,14 +100,14 @@ def fp8_backward(
 
 class _GemmFp8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, a_fp8, b_fp8, trans_b, out_dtype, config):
-        a_op = a if a_fp8 is None else a_fp8
-        b_op = b if b_fp8 is None else b_fp8
-        rows = a.shape[0] if a is not None else a_fp8.data.shape[0]
-        cols = b_fp8.data.shape[0] if b_fp8 is not None else b.shape[0 if trans_b else 1]
-        device = a.device if a is not None else a_fp8.data.device
+    def forward(ctx, a, b, a_const, b_const, trans_b, out_dtype, config, b_fp8):
+        a_op = a if a_const is None else a_const
+        b_op = b if b_const is None else b_const
+        rows = a.shape[0] if a is not None else a_const.data.shape[0]
+        cols = b_const.data.shape[0] if b_const is not None else b.shape[0 if trans_b else 1]
+        device = a.device if a is not None else a_const.data.device
         out = torch.empty((rows, cols), dtype=out_dtype, device=device)
-        ctx.saved = fp8_forward(a_op, b_op, trans_b, config, out, needs=ctx.needs_input_grad[:2])
+        ctx.saved = fp8_forward(a_op, b_op, trans_b, config, out, needs=ctx.needs_input_grad[:2], b_fp8=b_fp8)
         ctx.trans_b, ctx.config = trans_b, config
         ctx.dtype = next((t.dtype for t in (a, b) if t is not None), out_dtype)  # of the gradients
         ctx.a_shape = a.shape if a is not None else None
@@ -105,7 +122,7 @@ class _GemmFp8(torch.autograd.Function):
         grad_b = empty(ctx.b_shape) if ctx.needs_input_grad[1] else None
         fp8_backward(grad_out, ctx.saved, ctx.trans_b, ctx.config, grad_a, grad_b)
         ctx.saved = None
-        return grad_a, grad_b, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None
 
 
 def _check(a: torch.Tensor | Fp8Tensor, b: torch.Tensor | Fp8Tensor, trans_b: bool, config: Float8Config) -> None:
@@ -138,23 +155,30 @@ def gemm_fp8(
     trans_b: bool = True,
     out_dtype: torch.dtype | None = None,
     config: Float8Config | None = None,
+    b_fp8: WeightFp8 | None = None,
 ) -> torch.Tensor:
     """`a @ b^T` (trans_b, b [N, K]) or `a @ b` (b [K, N]) in FP8, with autograd.
 
     a [M, K] and b are bf16/fp16 tensors, quantized per `config` (default E4M3 rowwise) once a step
     into the layouts its passes read, or Fp8Tensors from `quantize` (constants: no gradient flows to
-    them). out_dtype defaults to the high-precision operand's dtype (bf16 if both are FP8).
+    them). out_dtype defaults to the high-precision operand's dtype (bf16 if both are FP8). `b_fp8`
+    (prequantize_weight of this b, same config and trans_b): the forward and the dgrad read it instead
+    of quantizing b, which still gets its gradient.
     """
     config = config or Float8Config()
     if out_dtype is not None and out_dtype not in SUPPORTED_OUT_DTYPES:
         raise ValueError(f"gemm_fp8: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     _check(a, b, trans_b, config)
-    a_fp8 = a if isinstance(a, Fp8Tensor) else None
-    b_fp8 = b if isinstance(b, Fp8Tensor) else None
+    if b_fp8 is not None:
+        if not isinstance(b, torch.Tensor):
+            raise ValueError("gemm_fp8: b_fp8 goes with a bf16/fp16 b (the weight that gets the gradient)")
+        check_prequantized("gemm_fp8", b_fp8, b, trans_b, config.forward_dtype, config.granularity)
+    a_const = a if isinstance(a, Fp8Tensor) else None  # FP8 constants: no gradient flows to them
+    b_const = b if isinstance(b, Fp8Tensor) else None
     high = [t for t in (a, b) if isinstance(t, torch.Tensor)]
     out_dtype = out_dtype or (high[0].dtype if high else torch.bfloat16)
-    return _GemmFp8.apply(None if a_fp8 else a.contiguous(), None if b_fp8 else b.contiguous(), a_fp8, b_fp8,
-                          trans_b, out_dtype, config)
+    return _GemmFp8.apply(None if a_const else a.contiguous(), None if b_const else b.contiguous(), a_const,
+                          b_const, trans_b, out_dtype, config, b_fp8)
 
 
 __all__ = [
@@ -166,5 +190,6 @@ __all__ = [
     "fp8_backward",
     "fp8_forward",
     "gemm_fp8",
+    "prequantize_weight",
     "quantize",
 ]

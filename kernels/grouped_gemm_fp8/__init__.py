@@ -6,7 +6,7 @@
     out = grouped_gemm_fp8(tokens, expert_weights, group_lens, config=cfg)   # bf16 in, bf16 out
     out.backward(grad)
 
-    w8 = quantize_experts(expert_weights, config=cfg)           # once per optimizer step
+    w8 = prequantize_weight(expert_weights, config=cfg)         # once per optimizer step
     out = grouped_gemm_fp8(tokens, expert_weights, group_lens, config=cfg, b_fp8=w8)  # every microbatch
 
 Inputs stay in bf16/fp16. Each is quantized once per step into every layout its passes read
@@ -23,31 +23,35 @@ import torch
 
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
 from kernels.grouped_gemm import check_grouped_inputs
-from kernels.grouped_gemm_fp8.kernel import ExpertWeightsFp8, ForBackward, QuantizedWeight, m_grouped_fp8, vark_fp8
+from kernels.grouped_gemm_fp8.kernel import (
+    ForBackward,
+    QuantizedWeight,
+    WeightFp8,
+    check_prequantized,
+    m_grouped_fp8,
+    vark_fp8,
+)
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def quantize_experts(b: torch.Tensor, trans_b: bool = True, config: Float8Config | None = None) -> ExpertWeightsFp8:
-    """The expert weight stack b ([G, N, K] if trans_b, else [G, K, N]) quantized for the forward and the
-    dgrad under `config`, for `grouped_gemm_fp8(..., b_fp8=)`. Quantize again after every in-place
-    update of b (the op refuses a stale copy)."""
+def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Config | None = None) -> WeightFp8:
+    """The expert weight stack b ([G, N, K] if trans_b, else [G, K, N]) quantized for the forward and
+    the dgrad under `config`, for `grouped_gemm_fp8(..., b_fp8=)`. Make it again after every update of
+    b (an optimizer step): the op reads the copy as given."""
     config = config or Float8Config()
     if not isinstance(b, torch.Tensor) or b.ndim != 3 or b.dtype not in SUPPORTED_DTYPES:
         shown = f"{b.dtype} {tuple(b.shape)}" if isinstance(b, torch.Tensor) else type(b).__name__
-        raise ValueError(f"quantize_experts: b must be a 3-D bf16/fp16 weight stack, got {shown}")
-    weight, dgrad = QuantizedWeight.pair(b.detach().contiguous(), not trans_b, config.forward_dtype,
-                                         config.granularity, dgrad=True)
-    return ExpertWeightsFp8(weight, dgrad, tuple(b.shape), trans_b, config.forward_dtype, config.granularity,
-                            b._version)
+        raise ValueError(f"prequantize_weight: b must be a [G, N, K] or [G, K, N] bf16/fp16 stack, got {shown}")
+    return WeightFp8.of(b, trans_b, config.forward_dtype, config.granularity)
 
 
 def fp8_forward(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
-    needs: tuple[bool, bool] = (False, False), b_fp8: ExpertWeightsFp8 | None = None,
+    needs: tuple[bool, bool] = (False, False), b_fp8: WeightFp8 | None = None,
 ) -> ForBackward:
     """out[rows_g] = a[rows_g] @ op(b[g]) in FP8; `needs` = (grad of a, grad of b) says what to keep;
-    `b_fp8`, b already quantized (quantize_experts), skips quantizing it."""
+    `b_fp8`, b already quantized (prequantize_weight), skips quantizing it."""
     need_da, need_db = needs
     gran = config.granularity
     a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db)
@@ -115,13 +119,13 @@ def grouped_gemm_fp8(
     trans_b: bool = True,
     out_dtype: torch.dtype | None = None,
     config: Float8Config | None = None,
-    b_fp8: ExpertWeightsFp8 | None = None,
+    b_fp8: WeightFp8 | None = None,
 ) -> torch.Tensor:
     """Per group g: out[rows_g] = a[rows_g] @ (b[g]^T if trans_b else b[g]) in FP8, with autograd.
 
     Shapes as for grouped_gemm; a and b are bf16/fp16 and are quantized per `config` (default E4M3
     rowwise). Any M per group, N and K: partial 128-blocks get their own scales, nothing is padded.
-    `b_fp8` (quantize_experts of this b, same config and trans_b): the forward and the dgrad read it
+    `b_fp8` (prequantize_weight of this b, same config and trans_b): the forward and the dgrad read it
     instead of quantizing b; b still gets its gradient.
     """
     config = config or Float8Config()
@@ -132,24 +136,9 @@ def grouped_gemm_fp8(
     if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"grouped_gemm_fp8: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     if b_fp8 is not None:
-        _check_prequantized(b_fp8, b, trans_b, config)
+        check_prequantized("grouped_gemm_fp8", b_fp8, b, trans_b, config.forward_dtype, config.granularity)
     return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config, b_fp8)
 
 
-def _check_prequantized(b_fp8: ExpertWeightsFp8, b: torch.Tensor, trans_b: bool, config: Float8Config) -> None:
-    """Refuse (ValueError, one line) a pre-quantized weight that is not this b's under this config."""
-    if not isinstance(b_fp8, ExpertWeightsFp8):
-        raise ValueError(f"grouped_gemm_fp8: b_fp8 must come from quantize_experts, got {type(b_fp8).__name__}")
-    if b_fp8.shape != tuple(b.shape) or b_fp8.trans_b != trans_b:
-        raise ValueError(f"grouped_gemm_fp8: b_fp8 is of a {list(b_fp8.shape)} stack with trans_b={b_fp8.trans_b}, "
-                         f"b is {list(b.shape)} with trans_b={trans_b}")
-    if (b_fp8.fp8_dtype, b_fp8.granularity) != (config.forward_dtype, config.granularity):
-        raise ValueError(f"grouped_gemm_fp8: b_fp8 is {b_fp8.fp8_dtype} {b_fp8.granularity.value}, the config wants "
-                         f"{config.forward_dtype} {config.granularity.value}")
-    if b_fp8.version != b._version:
-        raise ValueError("grouped_gemm_fp8: b_fp8 is stale: b was updated in place since quantize_experts "
-                         "(quantize it again after each optimizer step)")
-
-
-__all__ = ["ExpertWeightsFp8", "Float8Config", "Format", "Granularity", "for_backward", "fp8_backward", "fp8_forward",
-           "grouped_gemm_fp8", "quantize_experts"]
+__all__ = ["Float8Config", "Format", "Granularity", "WeightFp8", "for_backward", "fp8_backward", "fp8_forward",
+           "grouped_gemm_fp8", "prequantize_weight"]

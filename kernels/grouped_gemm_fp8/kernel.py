@@ -93,20 +93,47 @@ class QuantizedWeight:
 
 
 @dataclass(frozen=True)
-class ExpertWeightsFp8:
-    """An expert weight stack quantized for the forward and the dgrad, once: a training loop that
-    accumulates gradients over microbatches quantizes its weights once per optimizer step and hands
-    every microbatch the same copy (`grouped_gemm_fp8(..., b_fp8=)`), where each step would otherwise
-    quantize them again. `version` is the stack's `_version` when it was quantized: an in-place update
-    since (an optimizer step) makes the copy stale, and the op refuses it."""
+class WeightFp8:
+    """A weight (a Linear's [N, K] or an expert stack [G, N, K]; [K, N] / [G, K, N] without trans_b)
+    quantized for the forward and the dgrad, once: a training loop that accumulates gradients over
+    microbatches quantizes its weights once per optimizer step and hands every microbatch the same copy
+    (`b_fp8=`), where each step would otherwise quantize them again; the bf16 weight still gets its
+    gradient. The caller owns the copy: after an optimizer step it is stale and must be made again (the
+    ops cannot tell without reading the weight, and keep no state of their own)."""
 
     forward: QuantizedWeight
     dgrad: QuantizedWeight
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     trans_b: bool
     fp8_dtype: torch.dtype
     granularity: Granularity
-    version: int
+
+    @classmethod
+    def of(cls, b: torch.Tensor, trans_b: bool, fp8_dtype: torch.dtype, granularity: Granularity) -> WeightFp8:
+        """b (2-D, or a 3-D expert stack, bf16/fp16) quantized for the forward and the dgrad."""
+        stack = b.detach().contiguous()
+        stack = stack[None] if stack.ndim == 2 else stack
+        # Stored [.., N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
+        forward, dgrad = QuantizedWeight.pair(stack, not trans_b, fp8_dtype, granularity, dgrad=True)
+        return cls(forward, dgrad, tuple(b.shape), trans_b, fp8_dtype, granularity)
+
+    def check(self, op: str, b: torch.Tensor, trans_b: bool, fp8_dtype: torch.dtype, granularity: Granularity) -> None:
+        """Refuse (ValueError, one line) a copy made for another weight shape, layout or config."""
+        if self.shape != tuple(b.shape) or self.trans_b != trans_b:
+            raise ValueError(f"{op}: b_fp8 is of a {list(self.shape)} weight with trans_b={self.trans_b}, "
+                             f"b is {list(b.shape)} with trans_b={trans_b}")
+        if (self.fp8_dtype, self.granularity) != (fp8_dtype, granularity):
+            raise ValueError(f"{op}: b_fp8 is {self.fp8_dtype} {self.granularity.value}, the config wants "
+                             f"{fp8_dtype} {granularity.value}")
+
+
+def check_prequantized(
+    op: str, b_fp8: object, b: torch.Tensor, trans_b: bool, fp8_dtype: torch.dtype, granularity: Granularity
+) -> None:
+    """Refuse (ValueError, one line) a `b_fp8` that is not prequantize_weight of this b under this config."""
+    if not isinstance(b_fp8, WeightFp8):
+        raise ValueError(f"{op}: b_fp8 must come from prequantize_weight, got {type(b_fp8).__name__}")
+    b_fp8.check(op, b, trans_b, fp8_dtype, granularity)
 
 
 @dataclass(frozen=True)
