@@ -23,7 +23,14 @@ import torch
 from kernels.common.device import check_same_device
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
 from kernels.gemm_fp8.kernel import Fp8Tensor, fp8_rows_times_weight, fp8_token_reduction, quantize, weight_operand
-from kernels.grouped_gemm_fp8.kernel import ForBackward, QuantizedWeight, WeightFp8, check_prequantized
+from kernels.grouped_gemm_fp8.kernel import (
+    ForBackward,
+    QuantizedWeight,
+    WeightFp8,
+    check_prequantized,
+    prequantize,
+    weight_operands,
+)
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -38,11 +45,7 @@ def prequantize_weight(w: torch.Tensor, trans_b: bool = True, config: Float8Conf
     """The weight w ([N, K] if trans_b, else [K, N]) quantized for the forward and the dgrad under
     `config`, for `gemm_fp8(..., b_fp8=)`. Make it again after every update of w (an optimizer step):
     the op reads the copy as given."""
-    config = config or Float8Config()
-    if not isinstance(w, torch.Tensor) or w.ndim != 2 or w.dtype not in SUPPORTED_DTYPES:
-        shown = f"{w.dtype} {tuple(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
-        raise ValueError(f"prequantize_weight: w must be a 2-D bf16/fp16 weight, got {shown}")
-    return WeightFp8.of(w, trans_b, config.forward_dtype, config.granularity)
+    return prequantize(w, trans_b, config or Float8Config(), 2, "w must be a 2-D bf16/fp16 weight")
 
 
 def fp8_forward(
@@ -62,14 +65,11 @@ def fp8_forward(
     else:
         a_q = quantize_both(a, fp8, gran, _tokens(a.shape[0]), cols=need_db)
         a_rows, a_cols = Fp8Tensor(*a_q.rows, gran), a_q.cols_t
-    if b_fp8 is not None:
-        weight, dgrad_weight = b_fp8.forward, b_fp8.dgrad if need_da else None
-    elif isinstance(b, Fp8Tensor):
+    if isinstance(b, Fp8Tensor):
         weight = weight_operand(b, reduce_over_n=False)
         dgrad_weight = weight_operand(b, reduce_over_n=True) if need_da else None
     else:
-        # Stored [N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
-        weight, dgrad_weight = QuantizedWeight.pair(b[None], not trans_b, fp8, gran, need_da)
+        weight, dgrad_weight = weight_operands(b, trans_b, fp8, gran, need_da, b_fp8)
     fp8_rows_times_weight("fwd", a_rows, weight, out)
     return ForBackward(a_cols, dgrad_weight)
 

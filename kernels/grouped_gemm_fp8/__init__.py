@@ -29,7 +29,9 @@ from kernels.grouped_gemm_fp8.kernel import (
     WeightFp8,
     check_prequantized,
     m_grouped_fp8,
+    prequantize,
     vark_fp8,
+    weight_operands,
 )
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -39,11 +41,7 @@ def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Conf
     """The expert weight stack b ([G, N, K] if trans_b, else [G, K, N]) quantized for the forward and
     the dgrad under `config`, for `grouped_gemm_fp8(..., b_fp8=)`. Make it again after every update of
     b (an optimizer step): the op reads the copy as given."""
-    config = config or Float8Config()
-    if not isinstance(b, torch.Tensor) or b.ndim != 3 or b.dtype not in SUPPORTED_DTYPES:
-        shown = f"{b.dtype} {tuple(b.shape)}" if isinstance(b, torch.Tensor) else type(b).__name__
-        raise ValueError(f"prequantize_weight: b must be a [G, N, K] or [G, K, N] bf16/fp16 stack, got {shown}")
-    return WeightFp8.of(b, trans_b, config.forward_dtype, config.granularity)
+    return prequantize(b, trans_b, config or Float8Config(), 3, "b must be a [G, N, K] or [G, K, N] bf16/fp16 stack")
 
 
 def fp8_forward(
@@ -55,11 +53,7 @@ def fp8_forward(
     need_da, need_db = needs
     gran = config.granularity
     a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db)
-    if b_fp8 is not None:
-        weight, dgrad_weight = b_fp8.forward, b_fp8.dgrad if need_da else None
-    else:
-        # Stored [G, N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
-        weight, dgrad_weight = QuantizedWeight.pair(b.contiguous(), not trans_b, config.forward_dtype, gran, need_da)
+    weight, dgrad_weight = weight_operands(b, trans_b, config.forward_dtype, gran, need_da, b_fp8)
     m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out)
     return ForBackward(a_q.cols_t, dgrad_weight, a_q.padded_offs)
 

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from kernels.common import blockwise_ws
-from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quantize_both
+from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_blocks_2d, quantize_both
 from kernels.common.scales import Scales
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
 from kernels.grouped_gemm_fp8.tuning import config_for
@@ -111,10 +111,7 @@ class WeightFp8:
     @classmethod
     def of(cls, b: torch.Tensor, trans_b: bool, fp8_dtype: torch.dtype, granularity: Granularity) -> WeightFp8:
         """b (2-D, or a 3-D expert stack, bf16/fp16) quantized for the forward and the dgrad."""
-        stack = b.detach().contiguous()
-        stack = stack[None] if stack.ndim == 2 else stack
-        # Stored [.., N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
-        forward, dgrad = QuantizedWeight.pair(stack, not trans_b, fp8_dtype, granularity, dgrad=True)
+        forward, dgrad = weight_operands(b.detach(), trans_b, fp8_dtype, granularity, need_dgrad=True)
         return cls(forward, dgrad, tuple(b.shape), trans_b, fp8_dtype, granularity)
 
     def check(self, op: str, b: torch.Tensor, trans_b: bool, fp8_dtype: torch.dtype, granularity: Granularity) -> None:
@@ -125,6 +122,29 @@ class WeightFp8:
         if (self.fp8_dtype, self.granularity) != (fp8_dtype, granularity):
             raise ValueError(f"{op}: b_fp8 is {self.fp8_dtype} {self.granularity.value}, the config wants "
                              f"{fp8_dtype} {granularity.value}")
+
+
+def weight_operands(
+    b: torch.Tensor, trans_b: bool, fp8_dtype: torch.dtype, granularity: Granularity, need_dgrad: bool,
+    b_fp8: WeightFp8 | None = None,
+) -> tuple[QuantizedWeight, QuantizedWeight | None]:
+    """b (2-D, or a 3-D expert stack) as the forward's B operand and, if `need_dgrad`, the dgrad's: read
+    from `b_fp8` when given, else quantized now, both from one quantization."""
+    if b_fp8 is not None:
+        return b_fp8.forward, b_fp8.dgrad if need_dgrad else None
+    stack = b.contiguous()
+    stack = stack[None] if stack.ndim == 2 else stack
+    # Stored [.., N, K] (trans_b), the forward reduces over the weight's columns, else over its rows.
+    return QuantizedWeight.pair(stack, not trans_b, fp8_dtype, granularity, need_dgrad)
+
+
+def prequantize(b: object, trans_b: bool, config: Float8Config, ndim: int, expected: str) -> WeightFp8:
+    """The ops' `prequantize_weight`: b checked to be an `ndim`-D bf16/fp16 weight (else a ValueError
+    saying `expected`), then quantized for the forward and the dgrad under `config`."""
+    if not isinstance(b, torch.Tensor) or b.ndim != ndim or b.dtype not in (torch.bfloat16, torch.float16):
+        shown = f"{b.dtype} {tuple(b.shape)}" if isinstance(b, torch.Tensor) else type(b).__name__
+        raise ValueError(f"prequantize_weight: {expected}, got {shown}")
+    return WeightFp8.of(b, trans_b, config.forward_dtype, config.granularity)
 
 
 def check_prequantized(
