@@ -35,7 +35,7 @@ from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, grouped_wgrad
 from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm.spec import make_inputs
-from kernels.grouped_gemm_fp8 import for_backward, fp8_backward, fp8_forward
+from kernels.grouped_gemm_fp8 import for_backward, fp8_backward, fp8_forward, prequantize_weight
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_scale_strides
 
 
@@ -83,6 +83,9 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
         cfg8 = Float8Config(Format.HYBRID, gran)
         saved = for_backward(a, b, offs, True, cfg8)
         compare(f"fp8 {gran.value} fwd (with quant)", lambda c=cfg8: fp8_forward(a, b, offs, True, c, out), None, "")
+        w8 = prequantize_weight(b, True, cfg8)  # gradient accumulation: the weight quantized once per optimizer step
+        compare(f"fp8 {gran.value} fwd (tokens' quant; weight prequantized)",
+                lambda c=cfg8, w8=w8: fp8_forward(a, b, offs, True, c, out, b_fp8=w8), None, "")
         compare(f"fp8 {gran.value} dgrad (with quant)",
                 lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, da, None), None, "")
         compare(f"fp8 {gran.value} wgrad (with quant)",

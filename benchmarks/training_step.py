@@ -3,6 +3,19 @@ timed back to back with the host's time in them, bf16 torch, our FP8 ops and tor
 side by side in one run; with each step's host time (its launches enqueued from an idle GPU), GPU kernel
 time and kernel launches (torch.profiler), and the FP8 results' SNR against the bf16 step's.
 
+With `--accumulate N`, a step is one microbatch of a gradient-accumulation loop: the weights' gradients
+add up over N microbatches (as between two optimizer steps). Our FP8 ops quantize the weights once per
+N microbatches (`prequantize_weight`, at the first one, inside the timed loop) and read that copy in
+every microbatch (`b_fp8=`), as TransformerEngine's `is_first_microbatch` does; the grouped op's wgrad
+adds into a bf16 main_grad buffer (`main_grad=`, zeroed at the first microbatch) where autograd would
+add a separate copy of the gradient. Times are per microbatch. bf16 and torchao run the same loop,
+autograd accumulating their .grad (torchao quantizes its weights in every microbatch).
+
+With `--graph`, each implementation's layer goes through torch.cuda.make_graphed_callables, as a
+training loop that graphs its layers runs them (TransformerEngine's and Megatron's CUDA-graph modes):
+its forward and its backward are one graph replay each, the inputs copied into static buffers. That
+times the GPU work of a step without the host's launch work; eager is what a loop without graphs sees.
+
 - dense: a Linear layer, y = x @ W^T, on the llama3 presets (QKV / O / gate_up / down / lm_head).
 - moe: an expert MLP, GateUP -> SwiGLU -> Down as grouped GEMMs, the routed tokens split over the local
   experts by a skewed router drawn anew every step (group sizes in multiples of 16, which torchao needs;
@@ -10,6 +23,8 @@ time and kernel launches (torch.profiler), and the FP8 results' SNR against the 
 
     python3 benchmarks/training_step.py --suite dense --shapes llama3 --csv dense.csv
     python3 benchmarks/training_step.py --suite moe --csv moe.csv
+    python3 benchmarks/training_step.py --suite moe --accumulate 8 --csv moe_acc8.csv
+    python3 benchmarks/training_step.py --suite dense --shapes llama3-8b --graph --csv dense_graph.csv
 """
 
 from __future__ import annotations
@@ -31,9 +46,13 @@ from harness.shapes import load_shapes
 from harness.snr import snr_db
 from kernels.common.fp8 import Float8Config, Format, Granularity
 from kernels.gemm_fp8 import gemm_fp8
+from kernels.gemm_fp8 import prequantize_weight as prequantize_linear
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
+from kernels.grouped_gemm_fp8 import prequantize_weight as prequantize_experts
+from kernels.grouped_gemm_fp8.kernel import WeightFp8
 
-# One step of one implementation; its argument picks the router's outcome (MoE; a Linear has none).
+# One microbatch of one implementation: its argument numbers it in the loop, which picks the router's
+# outcome (MoE; a Linear has none) and whether it is the first microbatch after an optimizer step.
 Step = Callable[[int], dict[str, torch.Tensor]]
 DRAWS = 8
 VARIANTS = {
@@ -78,73 +97,153 @@ def skewed_splits(total: int, groups: int, draws: int, seed: int) -> list[list[i
     return splits
 
 
-def timed_steps(step: Step, steps: int, repeats: int = 3) -> float:
-    """Milliseconds per step, `steps` run back to back between two events (the GPU waits for the host
-    whenever the host is slower), a new router outcome each step, median over `repeats` loops."""
+def timed_steps(step: Step, microbatches: int, repeats: int = 3) -> float:
+    """Milliseconds per microbatch, `microbatches` (whole accumulation cycles) run back to back between
+    two events (the GPU waits for the host whenever the host is slower), a new router outcome each
+    one, median over `repeats` loops."""
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
-        for i in range(steps):
-            step(i % DRAWS)
+        for i in range(microbatches):
+            step(i)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / steps)
+        times.append(start.elapsed_time(end) / microbatches)
     return statistics.median(times)
 
 
-def host_ms(step: Step, samples: int = 10) -> float:
-    """The host's time to enqueue one step from an idle GPU (its launch queue empty, so it never blocks)."""
-    times = []
-    for i in range(samples):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        step(i % DRAWS)
-        times.append((time.perf_counter() - started) * 1e3)
+def host_ms(step: Step, accumulate: int, cycles: int = 10) -> float:
+    """The host's time to enqueue one microbatch from an idle GPU (its launch queue empty, so it never
+    blocks): each accumulation cycle's total over its microbatches, median over `cycles`."""
+    totals = []
+    for cycle in range(cycles):
+        total = 0.0
+        for i in range(cycle * accumulate, (cycle + 1) * accumulate):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            step(i)
+            total += time.perf_counter() - started
+        totals.append(total * 1e3 / accumulate)
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return statistics.median(totals)
 
 
-def kernels_per_step(step: Step, steps: int = 3) -> tuple[float, float]:
-    """GPU kernel time (ms) and launches per step, from torch.profiler's device events."""
+def kernels_per_step(step: Step, microbatches: int) -> tuple[float, float]:
+    """GPU kernel time (ms) and launches per microbatch, from torch.profiler's device events."""
     activity = torch.profiler.ProfilerActivity.CUDA
     with torch.profiler.profile(activities=[activity]) as prof:
-        for i in range(steps):
-            step(i % DRAWS)
+        for i in range(microbatches):
+            step(i)
         torch.cuda.synchronize()
     device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time for e in device) / 1e3 / steps, len(device) / steps
+    return sum(e.device_time for e in device) / 1e3 / microbatches, len(device) / microbatches
 
 
-def measure(label: str, impl: str, step: Step, flops: float, steps: int) -> dict[str, object]:
-    for i in range(DRAWS):  # the warm-up: compiles, autotunes, lazy imports, every router outcome once
+def measure(label: str, impl: str, step: Step, flops: float, steps: int, accumulate: int) -> dict[str, object]:
+    """One implementation's row: `steps` optimizer steps of `accumulate` microbatches per timed loop."""
+    cycle = accumulate * math.ceil(DRAWS / accumulate)  # whole cycles that meet every router outcome
+    for i in range(cycle):  # the warm-up: compiles, autotunes, lazy imports
         step(i)
-    ms = timed_steps(step, steps)
-    gpu_ms, launches = kernels_per_step(step)
-    return {"label": label, "impl": impl, "step_ms": ms, "tflops": flops / ms / 1e9, "host_ms": host_ms(step),
-            "gpu_ms": gpu_ms, "launches": launches}
+    ms = timed_steps(step, steps * accumulate)
+    gpu_ms, launches = kernels_per_step(step, cycle)
+    return {"label": label, "impl": impl, "step_ms": ms, "tflops": flops / ms / 1e9,
+            "host_ms": host_ms(step, accumulate), "gpu_ms": gpu_ms, "launches": launches}
 
 
-def dense_steps(M: int, N: int, K: int, variants: list[str], torchao: bool) -> dict[str, Step]:
-    """One Linear layer's step per implementation, on the same x, W and upstream gradient."""
+class Accumulation:
+    """Gradient accumulation over `microbatches` per optimizer step, as an implementation takes part in
+    it. Our FP8 ops: weight copies quantized at the first microbatch (`prequantize`) and read by the
+    others, and, where the op offers it (`fused`), main_grad buffers the wgrad adds into, zeroed at the
+    first microbatch. bf16 and torchao: autograd adds each microbatch's weight gradient into .grad.
+    Without accumulation (one microbatch) every implementation runs its plain step."""
+
+    def __init__(self, microbatches: int, weights: list[torch.Tensor],
+                 prequantize: Callable[[torch.Tensor], WeightFp8] | None = None, fused: bool = False):
+        self.microbatches, self.weights = microbatches, weights
+        self.prequantize = prequantize if microbatches > 1 else None
+        self.main_grads = [torch.zeros_like(w) for w in weights] if fused and microbatches > 1 else None
+        self.copies: list[WeightFp8 | None] = [None] * len(weights)
+
+    def start(self, i: int) -> None:
+        """Microbatch i begins; the first one after an optimizer step clears the weights' gradients
+        (zero_grad(set_to_none=True), or zeroing the main_grad buffers) and quantizes the weights."""
+        if i % self.microbatches:
+            return
+        for w in self.weights:
+            w.grad = None
+        for buffer in self.main_grads or []:
+            buffer.zero_()
+        if self.prequantize is not None:
+            self.copies = [self.prequantize(w) for w in self.weights]
+
+    def op_args(self, j: int) -> dict[str, object]:
+        """What our op reads for weight j: its FP8 copy and its main_grad buffer (None: none)."""
+        return {"b_fp8": self.copies[j], "main_grad": self.main_grads[j] if self.main_grads else None}
+
+    def grads(self) -> list[torch.Tensor | None]:
+        """The weights' gradients accumulated so far in this optimizer step."""
+        return self.main_grads or [w.grad for w in self.weights]
+
+
+# One implementation's layer: (x, the router outcome's tensors...) -> y.
+Layer = Callable[..., torch.Tensor]
+
+
+class _Graphed:
+    """A layer captured by torch.cuda.make_graphed_callables on its first call, forward and backward
+    each one CUDA-graph replay from then on (its inputs copied into the graph's static buffers): the
+    step as a loop that graphs its layers runs it, without the host's per-kernel launch work."""
+
+    def __init__(self, layer: Layer, weights: list[torch.Tensor]):
+        self.module = torch.nn.Module()
+        self.module.weights = torch.nn.ParameterList(weights)  # registered: the backward graph makes their grads
+        self.module.forward = lambda *inputs: layer(*inputs)  # a layer that is a Module stays unregistered
+        self.replay: Layer | None = None
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.replay is None:
+            sample = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+            self.replay = torch.cuda.make_graphed_callables(self.module, sample)
+        return self.replay(*inputs)
+
+
+def steps_of(
+    layers: dict[str, tuple[Layer, Accumulation]], x: torch.Tensor, grad: torch.Tensor,
+    draw_inputs: Callable[[str, int], tuple[torch.Tensor, ...]], grad_names: list[str], graph: bool,
+) -> dict[str, Step]:
+    """Each implementation's microbatch: its layer (captured in CUDA graphs if `graph`) on x and the
+    router outcome the microbatch's number picks, then the backward of the upstream gradient."""
+
+    def step_of(impl: str, layer: Layer, acc: Accumulation) -> Step:
+        def step(i: int) -> dict[str, torch.Tensor]:
+            x.grad = None
+            acc.start(i)
+            y = layer(x, *draw_inputs(impl, i % DRAWS))
+            y.backward(grad)
+            return {"out": y, "dx": x.grad} | dict(zip(grad_names, acc.grads(), strict=True))
+        return step
+
+    return {impl: step_of(impl, _Graphed(layer, acc.weights) if graph else layer, acc)
+            for impl, (layer, acc) in layers.items()}
+
+
+def dense_steps(
+    M: int, N: int, K: int, variants: list[str], torchao: bool, accumulate: int, graph: bool = False
+) -> dict[str, Step]:
+    """One Linear layer's microbatch per implementation, on the same x, W and upstream gradient."""
     gen = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     grad = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     weight = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / K**0.5)
 
-    def step_of(forward: Callable[[torch.Tensor], torch.Tensor], w: torch.Tensor) -> Step:
-        def step(draw: int) -> dict[str, torch.Tensor]:
-            x.grad = w.grad = None  # zero_grad(set_to_none=True)
-            y = forward(x)
-            y.backward(grad)
-            return {"out": y, "dx": x.grad, "dw": w.grad}
-        return step
-
-    steps = {"bf16 torch": step_of(lambda t: F.linear(t, weight), weight)}
-    for name in variants:
-        steps[f"ours {name}"] = step_of(lambda t, c=VARIANTS[name]: gemm_fp8(t, weight, trans_b=True, config=c),
-                                        weight)
+    layers = {"bf16 torch": (lambda t: F.linear(t, weight), Accumulation(accumulate, [weight]))}
+    for name in variants:  # gemm_fp8 has no main_grad yet: autograd accumulates its wgrad
+        c = VARIANTS[name]
+        acc = Accumulation(accumulate, [weight], lambda w, c=c: prequantize_linear(w, config=c))
+        layers[f"ours {name}"] = (
+            lambda t, c=c, acc=acc: gemm_fp8(t, weight, trans_b=True, config=c, b_fp8=acc.op_args(0)["b_fp8"]), acc)
     if torchao:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -152,47 +251,53 @@ def dense_steps(M: int, N: int, K: int, variants: list[str], torchao: bool) -> d
             linear = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
             linear.weight = torch.nn.Parameter(weight.detach().clone())
             module = convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name(recipe))
-            steps[f"torchao {recipe}"] = step_of(module, module.weight)
-    return steps
+            layers[f"torchao {recipe}"] = (module, Accumulation(accumulate, [module.weight]))
+    return steps_of(layers, x, grad, lambda impl, k: (), ["dw"], graph)
 
 
-def moe_steps(case: MoECase, variants: list[str], torchao: bool) -> dict[str, Step]:
-    """One expert MLP's step per implementation, under the router outcome it is given."""
+def moe_steps(
+    case: MoECase, variants: list[str], torchao: bool, accumulate: int, graph: bool = False
+) -> dict[str, Step]:
+    """One expert MLP's microbatch per implementation, under the router outcome its number picks:
+    group sizes for our op, their cumulative offsets for torch's and torchao's."""
     E, H, I, T = case.experts, case.hidden, case.inter, case.routed
     gen = torch.Generator(device="cuda").manual_seed(E * 31 + H)
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     grad = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen)
     w1 = torch.nn.Parameter(torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=gen) / H**0.5)
     w2 = torch.nn.Parameter(torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=gen) / I**0.5)
+    weights = [w1, w2]
     splits = skewed_splits(T, E, DRAWS, seed=E + H)
     lens = [torch.tensor(s, device="cuda", dtype=torch.int64) for s in splits]
     offs = [torch.cumsum(n, 0, dtype=torch.int32) for n in lens]
 
-    def swiglu(h: torch.Tensor) -> torch.Tensor:
-        gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
+    def mlp(gemm: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]) -> Layer:
+        """GateUP -> SwiGLU -> Down, gemm(tokens, weight index, the router outcome's tensor)."""
+        def layer(t: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+            gate, up = gemm(t, 0, groups).chunk(2, dim=-1)
+            return gemm(F.silu(gate) * up, 1, groups)
+        return layer
 
-    def step_of(gemm: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> Step:
-        def step(draw: int) -> dict[str, torch.Tensor]:
-            x.grad = w1.grad = w2.grad = None
-            y = gemm(swiglu(gemm(x, w1, draw)), w2, draw)
-            y.backward(grad)
-            return {"out": y, "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad}
-        return step
-
-    steps = {"bf16 torch": step_of(lambda a, w, k: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs[k]))}
+    layers = {"bf16 torch": (mlp(lambda a, j, o: torch._grouped_mm(a, weights[j].transpose(-2, -1), offs=o)),
+                             Accumulation(accumulate, weights))}
     for name in variants:
-        steps[f"ours {name}"] = step_of(
-            lambda a, w, k, c=VARIANTS[name]: grouped_gemm_fp8(a, w, lens[k], config=c))
+        c = VARIANTS[name]
+        acc = Accumulation(accumulate, weights, lambda w, c=c: prequantize_experts(w, config=c), fused=True)
+        layers[f"ours {name}"] = (
+            mlp(lambda a, j, n, c=c, acc=acc: grouped_gemm_fp8(a, weights[j], n, config=c, **acc.op_args(j))), acc)
     if torchao:
         from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
 
-        steps["torchao rowwise"] = step_of(lambda a, w, k: _to_fp8_rowwise_then_scaled_grouped_mm(
-            a, w.transpose(-2, -1), offs[k], pad_token_groups_for_grouped_mm=False))
-    return steps
+        layers["torchao rowwise"] = (mlp(lambda a, j, o: _to_fp8_rowwise_then_scaled_grouped_mm(
+            a, weights[j].transpose(-2, -1), o, pad_token_groups_for_grouped_mm=False)),
+            Accumulation(accumulate, weights))
+    return steps_of(layers, x, grad, lambda impl, k: (lens[k] if impl.startswith("ours") else offs[k],),
+                    ["dw1", "dw2"], graph)
 
 
-def run_suite(cases: dict[str, tuple[Callable[[], dict[str, Step]], float]], steps: int) -> list[dict[str, object]]:
+def run_suite(
+    cases: dict[str, tuple[Callable[[], dict[str, Step]], float]], steps: int, accumulate: int
+) -> list[dict[str, object]]:
     """Every implementation on every case; each one's results (router outcome 0) checked against bf16
     torch's by SNR (a sanity check of what is timed, not the referee: that is `turbo-opt bench`)."""
     rows = []
@@ -200,9 +305,10 @@ def run_suite(cases: dict[str, tuple[Callable[[], dict[str, Step]], float]], ste
         impls = build()
         reference = {k: v.detach().clone() for k, v in impls["bf16 torch"](0).items()}
         bf16_ms = math.nan
-        for impl, step in impls.items():
+        for impl in list(impls):
+            step = impls.pop(impl)  # measured, then let go: graphed steps hold their graphs' memory
             try:
-                row = measure(label, impl, step, flops, steps)
+                row = measure(label, impl, step, flops, steps, accumulate)
                 row |= {f"{name}_snr": snr_db(value, reference[name]) for name, value in step(0).items()}
             except Exception as exc:  # one implementation that cannot run a shape must not end the run
                 print(f"{label} {impl}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
@@ -211,8 +317,9 @@ def run_suite(cases: dict[str, tuple[Callable[[], dict[str, Step]], float]], ste
             row["ratio"] = bf16_ms / row["step_ms"]
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-        del impls, reference
-        torch.cuda.empty_cache()
+            del step
+            torch.cuda.empty_cache()
+        del reference
     return rows
 
 
@@ -223,25 +330,38 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MOE_CASES), help="moe: " + ", ".join(MOE_CASES))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed loop")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed loop")
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="microbatches per optimizer step (gradient accumulation; our FP8 ops then "
+                             "quantize the weights once per optimizer step)")
+    parser.add_argument("--graph", action="store_true",
+                        help="capture each implementation's layer with torch.cuda.make_graphed_callables (forward "
+                             "and backward replayed as CUDA graphs: the step without per-kernel host work)")
     parser.add_argument("--no-torchao", dest="torchao", action="store_false", help="leave torchao out")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
+    if args.accumulate < 1 or args.steps < 1:
+        parser.error("--accumulate and --steps must be at least 1")
+    if args.graph and args.accumulate > 1:
+        parser.error("--graph times one microbatch per optimizer step: leave --accumulate at 1")
     if args.suite == "dense":
         cases = {
-            s.label: (lambda d=s.dims: dense_steps(d["M"], d["N"], d["K"], args.variants, args.torchao),
+            s.label: (lambda d=s.dims: dense_steps(d["M"], d["N"], d["K"], args.variants, args.torchao,
+                                                     args.accumulate, args.graph),
                       6.0 * s.dims["M"] * s.dims["N"] * s.dims["K"])
             for s in load_shapes("dense_gemm", args.shapes) if args.only in s.label
         }
     else:
         cases = {
-            name: (lambda c=MOE_CASES[name]: moe_steps(c, args.variants, args.torchao),
+            name: (lambda c=MOE_CASES[name]: moe_steps(c, args.variants, args.torchao, args.accumulate, args.graph),
                    6.0 * 3 * MOE_CASES[name].routed * MOE_CASES[name].hidden * MOE_CASES[name].inter)
             for name in args.models
         }
-    rows = run_suite(cases, args.steps)
+    rows = run_suite(cases, args.steps, args.accumulate)
     columns = ["label", "impl", "step_ms", "tflops", "ratio", "host_ms", "gpu_ms", "launches"]
-    report(rows, f"training step ({args.suite}; ratio = bf16 step ms / step ms)", columns, args.csv, group="impl")
+    per = f"microbatch of {args.accumulate}" if args.accumulate > 1 else "step"
+    mode = "CUDA graphs" if args.graph else "eager"
+    report(rows, f"training {per} ({args.suite}, {mode}; ratio = bf16 ms / ms)", columns, args.csv, group="impl")
 
 
 if __name__ == "__main__":

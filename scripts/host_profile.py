@@ -116,7 +116,7 @@ def quantization_bandwidth() -> None:
 
 
 def moe_kernels() -> None:
-    moe = moe_steps(MOE_CASES["deepseek-v3"], ["e4m3-rowwise", "e4m3-blockwise"], torchao=False)
+    moe = moe_steps(MOE_CASES["deepseek-v3"], ["e4m3-rowwise", "e4m3-blockwise"], torchao=False, accumulate=1)
     for name in ("ours e4m3-rowwise", "ours e4m3-blockwise"):
         step = moe[name]
         for i in range(8):

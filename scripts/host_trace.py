@@ -49,8 +49,8 @@ def trace(name: str, step, calls: int = 20) -> None:
 
 
 if __name__ == "__main__":
-    dense = dense_steps(4096, 4096, 4096, ["e4m3-rowwise"], torchao=False)
+    dense = dense_steps(4096, 4096, 4096, ["e4m3-rowwise"], torchao=False, accumulate=1)
     trace("dense 8b o t4096 bf16", dense["bf16 torch"])
     trace("dense 8b o t4096 e4m3-rowwise", dense["ours e4m3-rowwise"])
-    moe = moe_steps(MOE_CASES["gpt-oss-120b"], ["e4m3-rowwise"], torchao=False)
+    moe = moe_steps(MOE_CASES["gpt-oss-120b"], ["e4m3-rowwise"], torchao=False, accumulate=1)
     trace("moe gpt-oss e4m3-rowwise", moe["ours e4m3-rowwise"], calls=10)

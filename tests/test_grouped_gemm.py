@@ -193,6 +193,48 @@ def test_fp8_weights_quantized_once_give_the_same_step(granularity, trans_b, dev
         assert torch.equal(plain, reused)
 
 
+@pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.BLOCKWISE], ids=lambda g: g.value)
+@pytest.mark.parametrize("trans_b", [True, False])
+@pytest.mark.parametrize("buffer_dtype", ["fp32", "b's dtype"])
+def test_fp8_wgrad_accumulates_into_main_grad(granularity, trans_b, buffer_dtype, device, half_dtype):
+    """Two microbatches (other splits, group 0 empty in both) adding their weight gradients into one
+    main_grad that holds an earlier sum: the buffer ends at that sum plus both float64 wgrads, group 0
+    untouched; b.grad stays None and a's gradient is the plain op's, bit for bit."""
+    N, K, G = 40, 136, 4
+    cfg = Float8Config(Format.E4M3, granularity)
+    torch.manual_seed(5)
+    b = torch.randn((G, N, K) if trans_b else (G, K, N), dtype=half_dtype, device=device, requires_grad=True)
+    main_grad = torch.randn(b.shape, dtype=torch.float32 if buffer_dtype == "fp32" else half_dtype, device=device)
+    start = main_grad.clone()
+    added = torch.zeros(b.shape, dtype=torch.float64, device=device)
+    for lens in ([0, 61, 0, 35], [0, 7, 130, 1]):
+        a = torch.randn(sum(lens), K, dtype=half_dtype, device=device, requires_grad=True)
+        grad = torch.randn(sum(lens), N, dtype=half_dtype, device=device)
+        group_lens = torch.tensor(lens, device=device)
+        grouped_gemm_fp8(a, b, group_lens, trans_b=trans_b, config=cfg, main_grad=main_grad).backward(grad)
+        da = a.grad
+        a.grad = None
+        grouped_gemm_fp8(a, b.detach(), group_lens, trans_b=trans_b, config=cfg).backward(grad)
+        assert torch.equal(da, a.grad)
+        added += grouped_reference(a, b, lens, grad, trans_b)[2]
+    assert b.grad is None
+    assert torch.equal(main_grad[0], start[0])
+    assert snr_db(main_grad.double() - start.double(), added) >= 25
+
+
+def test_a_main_grad_the_wgrad_cannot_add_into_is_refused(device):
+    lens = torch.tensor([3, 5], device=device)
+    a = torch.randn(8, 32, dtype=torch.float16, device=device)
+    b = torch.randn(2, 16, 32, dtype=torch.float16, device=device, requires_grad=True)
+    for bad, what in ((torch.zeros(2, 32, 16, device=device), r"b's shape \[2, 16, 32\]"),
+                      (torch.zeros(2, 16, 32, device=device, dtype=torch.bfloat16), "float32 or torch.float16"),
+                      (torch.zeros(2, 32, 16, device=device).transpose(1, 2), "non-contiguous")):
+        with pytest.raises(ValueError, match=what):
+            grouped_gemm_fp8(a, b, lens, main_grad=bad)
+    with pytest.raises(ValueError, match="does not require grad"):
+        grouped_gemm_fp8(a, b.detach(), lens, main_grad=torch.zeros(2, 16, 32, device=device))
+
+
 def test_a_foreign_fp8_weight_copy_is_refused(device):
     lens = torch.tensor([3, 5], device=device)
     a = torch.randn(8, 32, dtype=torch.float16, device=device)

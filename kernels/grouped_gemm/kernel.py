@@ -111,6 +111,7 @@ def _grouped_mm_vark_kernel(
     SCALE: tl.constexpr,
     PADDED: tl.constexpr,
     TMA: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_P: tl.constexpr,
 ):
     """C[g] = X_g @ Y_g^T, reducing over group g's tokens t in [offs[g], offs[g+1]) (variable K).
@@ -119,7 +120,8 @@ def _grouped_mm_vark_kernel(
     K-major transposed FP8 copies, whose groups are PADDED to whole zero-filled 128-token blocks
     (aligned, unmasked loads; the j-th block of a group is block offs[g] // 128 + j). TMA (padded,
     K-major operands): both read through tensor descriptors, the copy engine zero-filling past P and
-    Q. Grid: (tiles of one [P, Q] output, groups); an empty group's tiles store zeros.
+    Q. Grid: (tiles of one [P, Q] output, groups); an empty group's tiles store zeros. ACCUMULATE:
+    C[g] += the product instead (gradient accumulation into a main_grad buffer, fp32 sums).
     """
     g = tl.program_id(1)
     pid_p, pid_q = grouped_tile(tl.program_id(0), tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP_P)
@@ -164,6 +166,8 @@ def _grouped_mm_vark_kernel(
         sy = tl.load(sy_ptr + g * stride_syg + qs * stride_syq, mask=q_mask, other=0.0)
         acc = acc * sx[:, None] * sy[None, :]
     c_ptrs = c_ptr + tl.cast(g, tl.int64) * stride_cg + ps[:, None] * stride_cp + qs[None, :]
+    if ACCUMULATE:
+        acc += tl.load(c_ptrs, mask=p_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=p_mask[:, None] & q_mask[None, :])
 
 
@@ -219,9 +223,10 @@ class VarKScales:
 
 def grouped_mm_vark(
     x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
-    scales: VarKScales | None = None, padded: bool = False,
+    scales: VarKScales | None = None, padded: bool = False, accumulate: bool = False,
 ) -> torch.Tensor:
-    """out[g] = x[:, cols_g] @ y[:, cols_g]^T: x [P, M], y [Q, M] (any strides), out [G, P, Q].
+    """out[g] = x[:, cols_g] @ y[:, cols_g]^T (`accumulate`: out[g] += it): x [P, M], y [Q, M] (any
+    strides), out [G, P, Q] with unit-stride rows.
 
     `padded`: x and y hold every group zero-padded to whole 128-token blocks at 128-aligned
     `offs` (as quantize_both writes them).
@@ -250,7 +255,7 @@ def grouped_mm_vark(
         P, Q,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1),
         *s.x_strides, *s.y_strides,
-        SCALE=mode, PADDED=padded, TMA=tma,
+        SCALE=mode, PADDED=padded, TMA=tma, ACCUMULATE=accumulate,
         BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -9,6 +9,10 @@
     w8 = prequantize_weight(expert_weights, config=cfg)         # once per optimizer step
     out = grouped_gemm_fp8(tokens, expert_weights, group_lens, config=cfg, b_fp8=w8)  # every microbatch
 
+    main_grad = torch.zeros_like(expert_weights)                # zeroed once per optimizer step
+    out = grouped_gemm_fp8(tokens, expert_weights, group_lens, config=cfg, main_grad=main_grad)
+    out.backward(grad)                                          # main_grad += dW; expert_weights.grad stays None
+
 Inputs stay in bf16/fp16. Each is quantized once per step into every layout its passes read
 (kernels/grouped_gemm_fp8/kernel.py): the forward quantizes the tokens along K for itself and along
 each group's tokens for the wgrad, and the weight both ways (the dgrad reads the second), keeping
@@ -27,6 +31,7 @@ from kernels.grouped_gemm_fp8.kernel import (
     ForBackward,
     QuantizedWeight,
     WeightFp8,
+    check_main_grad,
     check_prequantized,
     m_grouped_fp8,
     prequantize,
@@ -69,10 +74,11 @@ def for_backward(
 
 def fp8_backward(
     grad_out: torch.Tensor, saved: ForBackward, offs: torch.Tensor, trans_b: bool, config: Float8Config,
-    grad_a: torch.Tensor | None, grad_b: torch.Tensor | None,
+    grad_a: torch.Tensor | None, grad_b: torch.Tensor | None, accumulate_b: bool = False,
 ) -> None:
     """grad_a = grad_out @ b_g per group (dgrad) and grad_b[g] = grad_out_g^T @ a_g (trans_b) or
-    a_g^T @ grad_out_g (wgrad, reducing over group g's tokens), each into its buffer if given."""
+    a_g^T @ grad_out_g (wgrad, reducing over group g's tokens), each into its buffer if given;
+    `accumulate_b`: grad_b[g] += the wgrad instead."""
     gran = config.granularity
     groups = RowGroups.tokens(offs, saved.padded_offs)
     g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None)
@@ -80,16 +86,16 @@ def fp8_backward(
         m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a)
     if grad_b is not None:
         x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
-        vark_fp8(x, y, g.padded_offs, grad_out.shape[0], gran, grad_b)
+        vark_fp8(x, y, g.padded_offs, grad_out.shape[0], gran, grad_b, accumulate_b)
 
 
 class _GroupedGemmFp8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, offs, trans_b, out_dtype, config, b_fp8):
+    def forward(ctx, a, b, offs, trans_b, out_dtype, config, b_fp8, main_grad):
         out = torch.empty((a.shape[0], b.shape[1] if trans_b else b.shape[2]), dtype=out_dtype, device=a.device)
         ctx.saved = fp8_forward(a, b, offs, trans_b, config, out, needs=ctx.needs_input_grad[:2], b_fp8=b_fp8)
         ctx.save_for_backward(offs)
-        ctx.trans_b, ctx.config, ctx.dtype = trans_b, config, a.dtype
+        ctx.trans_b, ctx.config, ctx.dtype, ctx.main_grad = trans_b, config, a.dtype, main_grad
         ctx.a_shape, ctx.b_shape = a.shape, b.shape
         return out
 
@@ -99,10 +105,14 @@ class _GroupedGemmFp8(torch.autograd.Function):
         grad_out = grad_out.to(ctx.dtype).contiguous()
         empty = lambda shape: torch.empty(shape, dtype=ctx.dtype, device=grad_out.device)  # noqa: E731
         grad_a = empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
-        grad_b = empty(ctx.b_shape) if ctx.needs_input_grad[1] else None
-        fp8_backward(grad_out, ctx.saved, offs, ctx.trans_b, ctx.config, grad_a, grad_b)
+        main_grad, ctx.main_grad = ctx.main_grad, None
+        grad_b = None
+        if ctx.needs_input_grad[1]:
+            grad_b = empty(ctx.b_shape) if main_grad is None else main_grad
+        fp8_backward(grad_out, ctx.saved, offs, ctx.trans_b, ctx.config, grad_a, grad_b, main_grad is not None)
         ctx.saved = None
-        return grad_a, grad_b, None, None, None, None, None
+        # With main_grad, b's gradient went into the buffer: autograd gets none to add to b.grad.
+        return grad_a, grad_b if main_grad is None else None, None, None, None, None, None, None
 
 
 def grouped_gemm_fp8(
@@ -114,6 +124,7 @@ def grouped_gemm_fp8(
     out_dtype: torch.dtype | None = None,
     config: Float8Config | None = None,
     b_fp8: WeightFp8 | None = None,
+    main_grad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per group g: out[rows_g] = a[rows_g] @ (b[g]^T if trans_b else b[g]) in FP8, with autograd.
 
@@ -121,6 +132,10 @@ def grouped_gemm_fp8(
     rowwise). Any M per group, N and K: partial 128-blocks get their own scales, nothing is padded.
     `b_fp8` (prequantize_weight of this b, same config and trans_b): the forward and the dgrad read it
     instead of quantizing b; b still gets its gradient.
+    `main_grad` (b's shape, contiguous, fp32 or b's dtype): the backward adds b's gradient into it,
+    in the wgrad's epilogue, and leaves b.grad alone: gradient accumulation over microbatches without
+    a separate add of the whole weight gradient (Megatron's and TransformerEngine's main_grad). The
+    caller zeroes it after each optimizer step.
     """
     config = config or Float8Config()
     if not isinstance(config, Float8Config):
@@ -131,7 +146,9 @@ def grouped_gemm_fp8(
         raise ValueError(f"grouped_gemm_fp8: out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     if b_fp8 is not None:
         check_prequantized("grouped_gemm_fp8", b_fp8, b, trans_b, config.forward_dtype, config.granularity)
-    return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config, b_fp8)
+    if main_grad is not None:
+        check_main_grad("grouped_gemm_fp8", main_grad, b)
+    return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config, b_fp8, main_grad)
 
 
 __all__ = ["Float8Config", "Format", "Granularity", "WeightFp8", "for_backward", "fp8_backward", "fp8_forward",

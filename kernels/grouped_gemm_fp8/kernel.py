@@ -156,6 +156,20 @@ def check_prequantized(
     b_fp8.check(op, b, trans_b, fp8_dtype, granularity)
 
 
+def check_main_grad(op: str, main_grad: object, b: torch.Tensor) -> None:
+    """Refuse (ValueError, one line) a gradient-accumulation buffer the wgrad cannot add into."""
+    if not isinstance(main_grad, torch.Tensor) or main_grad.shape != b.shape \
+            or main_grad.dtype not in (torch.float32, b.dtype) or not main_grad.is_contiguous():
+        shown = (f"{main_grad.dtype} {list(main_grad.shape)}{'' if main_grad.is_contiguous() else ' non-contiguous'}"
+                 if isinstance(main_grad, torch.Tensor) else type(main_grad).__name__)
+        raise ValueError(f"{op}: main_grad must be a contiguous float32 or {b.dtype} tensor of b's shape "
+                         f"{list(b.shape)}, got {shown}")
+    if main_grad.device != b.device:
+        raise ValueError(f"{op}: main_grad is on {main_grad.device}, b on {b.device}")
+    if not b.requires_grad:
+        raise ValueError(f"{op}: main_grad takes b's gradient, but b does not require grad")
+
+
 @dataclass(frozen=True)
 class ForBackward:
     """What an FP8 forward keeps for its backward, each part only if its gradient is wanted: the tokens
@@ -206,14 +220,14 @@ def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[i
 
 def vark_fp8(
     x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor], padded_offs: torch.Tensor,
-    tokens: int, granularity: Granularity, out: torch.Tensor,
+    tokens: int, granularity: Granularity, out: torch.Tensor, accumulate: bool = False,
 ) -> None:
-    """out[g] = x_g^T @ y_g over group g's tokens: x = (q^T [P, capacity], scale) and y likewise, both in
-    the padded transposed layout of quantize_both, quantized per group."""
+    """out[g] = x_g^T @ y_g over group g's tokens (`accumulate`: out[g] += it): x = (q^T [P, capacity],
+    scale) and y likewise, both in the padded transposed layout of quantize_both, quantized per group."""
     (xt, sx), (yt, sy) = x, y
     scales = VarKScales(
         x=sx, x_strides=vark_scale_strides(sx, granularity), y=sy, y_strides=vark_scale_strides(sy, granularity),
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = config_for("wgrad", tokens, out.shape[0], granularity)
-    grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True)
+    grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)
