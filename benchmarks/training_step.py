@@ -6,9 +6,9 @@ time and kernel launches (torch.profiler), and the FP8 results' SNR against the 
 With `--accumulate N`, a step is one microbatch of a gradient-accumulation loop: the weights' gradients
 add up over N microbatches (as between two optimizer steps). Our FP8 ops quantize the weights once per
 N microbatches (`prequantize_weight`, at the first one, inside the timed loop) and read that copy in
-every microbatch (`b_fp8=`), as TransformerEngine's `is_first_microbatch` does; the grouped op's wgrad
-adds into a bf16 main_grad buffer (`main_grad=`, zeroed at the first microbatch) where autograd would
-add a separate copy of the gradient. Times are per microbatch. bf16 and torchao run the same loop,
+every microbatch (`b_fp8=`), as TransformerEngine's `is_first_microbatch` does; their wgrad adds into
+a bf16 main_grad buffer (`main_grad=`, zeroed at the first microbatch) where autograd would add a
+separate copy of the gradient. Times are per microbatch. bf16 and torchao run the same loop,
 autograd accumulating their .grad (torchao quantizes its weights in every microbatch).
 
 With `--graph`, each implementation's layer goes through torch.cuda.make_graphed_callables, as a
@@ -239,11 +239,11 @@ def dense_steps(
     weight = torch.nn.Parameter(torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / K**0.5)
 
     layers = {"bf16 torch": (lambda t: F.linear(t, weight), Accumulation(accumulate, [weight]))}
-    for name in variants:  # gemm_fp8 has no main_grad yet: autograd accumulates its wgrad
+    for name in variants:
         c = VARIANTS[name]
-        acc = Accumulation(accumulate, [weight], lambda w, c=c: prequantize_linear(w, config=c))
+        acc = Accumulation(accumulate, [weight], lambda w, c=c: prequantize_linear(w, config=c), fused=True)
         layers[f"ours {name}"] = (
-            lambda t, c=c, acc=acc: gemm_fp8(t, weight, trans_b=True, config=c, b_fp8=acc.op_args(0)["b_fp8"]), acc)
+            lambda t, c=c, acc=acc: gemm_fp8(t, weight, trans_b=True, config=c, **acc.op_args(0)), acc)
     if torchao:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 

@@ -215,3 +215,45 @@ def test_a_foreign_weight_copy_is_refused(device):
         gemm_fp8(a, w, config=Float8Config(granularity=Granularity.BLOCKWISE), b_fp8=w8)
     with pytest.raises(ValueError, match="2-D"):
         prequantize_weight(w[None])
+
+
+@pytest.mark.parametrize("gran", list(Granularity), ids=lambda g: g.value)
+@pytest.mark.parametrize("trans_b", [True, False])
+# K 136: the wgrad's output meets TMA's rules (the TMA kernel); K 37 with trans_b: its [N, K] rows are
+# 74 bytes, not a multiple of 16 (the pointer kernel).
+@pytest.mark.parametrize(("K", "buffer_dtype"), [(136, "fp32"), (136, "w's dtype"), (37, "w's dtype")])
+def test_the_wgrad_accumulates_into_main_grad(gran, trans_b, K, buffer_dtype, device, half_dtype):
+    """Two microbatches (odd token counts) adding their weight gradients into a main_grad that holds an
+    earlier sum: the buffer ends at that sum plus both float64 wgrads; w.grad stays None and the input's
+    gradient is the plain op's, bit for bit."""
+    N = 48
+    cfg = Float8Config(Format.E4M3, gran)
+    torch.manual_seed(3)
+    w = torch.randn((N, K) if trans_b else (K, N), dtype=half_dtype, device=device, requires_grad=True)
+    main_grad = torch.randn(w.shape, dtype=torch.float32 if buffer_dtype == "fp32" else half_dtype, device=device)
+    start = main_grad.clone()
+    added = torch.zeros(w.shape, dtype=torch.float64, device=device)
+    for M in (40, 77):
+        a = torch.randn(M, K, dtype=half_dtype, device=device, requires_grad=True)
+        grad = torch.randn(M, N, dtype=half_dtype, device=device)
+        gemm_fp8(a, w, trans_b=trans_b, config=cfg, main_grad=main_grad).backward(grad)
+        da = a.grad
+        a.grad = None
+        gemm_fp8(a, w.detach(), trans_b=trans_b, config=cfg).backward(grad)
+        assert torch.equal(da, a.grad)
+        wgrad = grad.double().t() @ a.double()  # [N, K]
+        added += wgrad if trans_b else wgrad.t()
+    assert w.grad is None
+    assert snr_db(main_grad.double() - start.double(), added) >= 25
+
+
+def test_a_main_grad_the_wgrad_cannot_add_into_is_refused(device):
+    a = torch.randn(8, 32, dtype=torch.float16, device=device)
+    w = torch.randn(16, 32, dtype=torch.float16, device=device, requires_grad=True)
+    with pytest.raises(ValueError, match=r"b's shape \[16, 32\]"):
+        gemm_fp8(a, w, main_grad=torch.zeros(32, 16, device=device))
+    with pytest.raises(ValueError, match="goes with a bf16/fp16 b"):
+        gemm_fp8(a, quantize(w.detach(), torch.float8_e4m3fn, Granularity.ROWWISE, weight=True),
+                 main_grad=torch.zeros(16, 32, device=device))
+    with pytest.raises(ValueError, match="does not require grad"):
+        gemm_fp8(a, w.detach(), main_grad=torch.zeros(16, 32, device=device))

@@ -12,6 +12,8 @@
     w8 = prequantize_weight(w, config=cfg)      # once per optimizer step, for every microbatch:
     y = gemm_fp8(x, w, config=cfg, b_fp8=w8)    # w is not quantized again, and still gets its gradient
 
+    y = gemm_fp8(x, w, config=cfg, main_grad=w_main_grad)   # the wgrad adds into w_main_grad, w.grad stays None
+
 Any M, N and K: a partial 128-block gets its own scale, nothing is padded by the caller. No host
 sync: the op runs under CUDA-graph capture.
 """
@@ -27,6 +29,7 @@ from kernels.grouped_gemm_fp8.kernel import (
     ForBackward,
     QuantizedWeight,
     WeightFp8,
+    check_main_grad,
     check_prequantized,
     prequantize,
     weight_operands,
@@ -83,11 +86,11 @@ def for_backward(a: torch.Tensor, b: torch.Tensor, trans_b: bool, config: Float8
 
 def fp8_backward(
     grad_out: torch.Tensor, saved: ForBackward, trans_b: bool, config: Float8Config,
-    grad_a: torch.Tensor | None, grad_b: torch.Tensor | None,
+    grad_a: torch.Tensor | None, grad_b: torch.Tensor | None, accumulate_b: bool = False,
 ) -> None:
     """grad_a = grad_out @ op(b)^T (dgrad) and grad_b = grad_out^T @ a (trans_b) or a^T @ grad_out
-    (wgrad, reducing over the tokens), each into its buffer if given; the upstream gradient is
-    quantized once, into both layouts."""
+    (wgrad, reducing over the tokens), each into its buffer if given (`accumulate_b`: grad_b += the
+    wgrad); the upstream gradient is quantized once, into both layouts."""
     gran = config.granularity
     g = quantize_both(grad_out, config.grad_dtype, gran, _tokens(grad_out.shape[0]), rows=grad_a is not None,
                       cols=grad_b is not None)
@@ -95,12 +98,12 @@ def fp8_backward(
         fp8_rows_times_weight("dgrad", Fp8Tensor(*g.rows, gran), saved.dgrad_weight, grad_a)
     if grad_b is not None:
         x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
-        fp8_token_reduction(x, y, gran, grad_b)
+        fp8_token_reduction(x, y, gran, grad_b, accumulate_b)
 
 
 class _GemmFp8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, a_const, b_const, trans_b, out_dtype, config, b_fp8):
+    def forward(ctx, a, b, a_const, b_const, trans_b, out_dtype, config, b_fp8, main_grad):
         a_op = a if a_const is None else a_const
         b_op = b if b_const is None else b_const
         rows = a.shape[0] if a is not None else a_const.data.shape[0]
@@ -108,7 +111,7 @@ class _GemmFp8(torch.autograd.Function):
         device = a.device if a is not None else a_const.data.device
         out = torch.empty((rows, cols), dtype=out_dtype, device=device)
         ctx.saved = fp8_forward(a_op, b_op, trans_b, config, out, needs=ctx.needs_input_grad[:2], b_fp8=b_fp8)
-        ctx.trans_b, ctx.config = trans_b, config
+        ctx.trans_b, ctx.config, ctx.main_grad = trans_b, config, main_grad
         ctx.dtype = next((t.dtype for t in (a, b) if t is not None), out_dtype)  # of the gradients
         ctx.a_shape = a.shape if a is not None else None
         ctx.b_shape = b.shape if b is not None else None
@@ -119,10 +122,14 @@ class _GemmFp8(torch.autograd.Function):
         grad_out = grad_out.to(ctx.dtype).contiguous()
         empty = lambda shape: torch.empty(shape, dtype=ctx.dtype, device=grad_out.device)  # noqa: E731
         grad_a = empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
-        grad_b = empty(ctx.b_shape) if ctx.needs_input_grad[1] else None
-        fp8_backward(grad_out, ctx.saved, ctx.trans_b, ctx.config, grad_a, grad_b)
+        main_grad, ctx.main_grad = ctx.main_grad, None
+        grad_b = None
+        if ctx.needs_input_grad[1]:
+            grad_b = empty(ctx.b_shape) if main_grad is None else main_grad
+        fp8_backward(grad_out, ctx.saved, ctx.trans_b, ctx.config, grad_a, grad_b, main_grad is not None)
         ctx.saved = None
-        return grad_a, grad_b, None, None, None, None, None, None
+        # With main_grad, b's gradient went into the buffer: autograd gets none to add to b.grad.
+        return grad_a, grad_b if main_grad is None else None, None, None, None, None, None, None, None
 
 
 def _check(a: torch.Tensor | Fp8Tensor, b: torch.Tensor | Fp8Tensor, trans_b: bool, config: Float8Config) -> None:
@@ -156,6 +163,7 @@ def gemm_fp8(
     out_dtype: torch.dtype | None = None,
     config: Float8Config | None = None,
     b_fp8: WeightFp8 | None = None,
+    main_grad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`a @ b^T` (trans_b, b [N, K]) or `a @ b` (b [K, N]) in FP8, with autograd.
 
@@ -163,7 +171,10 @@ def gemm_fp8(
     into the layouts its passes read, or Fp8Tensors from `quantize` (constants: no gradient flows to
     them). out_dtype defaults to the high-precision operand's dtype (bf16 if both are FP8). `b_fp8`
     (prequantize_weight of this b, same config and trans_b): the forward and the dgrad read it instead
-    of quantizing b, which still gets its gradient.
+    of quantizing b, which still gets its gradient. `main_grad` (b's shape, contiguous, fp32 or b's
+    dtype): the backward adds b's gradient into it, in the wgrad's epilogue, and leaves b.grad alone
+    (gradient accumulation over microbatches, Megatron's and TransformerEngine's main_grad); the
+    caller zeroes it after each optimizer step.
     """
     config = config or Float8Config()
     if out_dtype is not None and out_dtype not in SUPPORTED_OUT_DTYPES:
@@ -173,12 +184,16 @@ def gemm_fp8(
         if not isinstance(b, torch.Tensor):
             raise ValueError("gemm_fp8: b_fp8 goes with a bf16/fp16 b (the weight that gets the gradient)")
         check_prequantized("gemm_fp8", b_fp8, b, trans_b, config.forward_dtype, config.granularity)
+    if main_grad is not None:
+        if not isinstance(b, torch.Tensor):
+            raise ValueError("gemm_fp8: main_grad goes with a bf16/fp16 b (the weight that gets the gradient)")
+        check_main_grad("gemm_fp8", main_grad, b)
     a_const = a if isinstance(a, Fp8Tensor) else None  # FP8 constants: no gradient flows to them
     b_const = b if isinstance(b, Fp8Tensor) else None
     high = [t for t in (a, b) if isinstance(t, torch.Tensor)]
     out_dtype = out_dtype or (high[0].dtype if high else torch.bfloat16)
     return _GemmFp8.apply(None if a_const else a.contiguous(), None if b_const else b.contiguous(), a_const,
-                          b_const, trans_b, out_dtype, config, b_fp8)
+                          b_const, trans_b, out_dtype, config, b_fp8, main_grad)
 
 
 __all__ = [

@@ -101,18 +101,19 @@ def weight_operand(w: Fp8Tensor, reduce_over_n: bool) -> QuantizedWeight:
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, pass_name: str,
-              granularity: Granularity) -> torch.Tensor:
-    """out = (a @ b^T) with the scales applied: a [M, K] and b [N, K] fp8, both K-major."""
+              granularity: Granularity, accumulate: bool = False) -> torch.Tensor:
+    """out = (a @ b^T) with the scales applied (`accumulate`: out += it): a [M, K] and b [N, K] fp8, both
+    K-major."""
     M, N = out.shape
     if M == 0 or N == 0:
         return out
     cfg = config_for(pass_name, M, N, granularity)
-    if blockwise_ws.supported(a, b[None], out, scales, cfg):
+    if not accumulate and blockwise_ws.supported(a, b[None], out, scales, cfg):
         return blockwise_ws.blockwise_mm(a, b[None], out, scales, cfg)
     if tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:
-        return launch_tma(a, b.t(), out, cfg, scales)
+        return launch_tma(a, b.t(), out, cfg, scales, accumulate=accumulate)
     one_group = torch.arange(2, device=a.device, dtype=torch.int64) * M
-    return grouped_mm(a, b[None], one_group, out, cfg, scales)
+    return grouped_mm(a, b[None], one_group, out, cfg, scales, accumulate)
 
 
 def fp8_rows_times_weight(pass_name: str, x: Fp8Tensor, w: QuantizedWeight, out: torch.Tensor) -> torch.Tensor:
@@ -125,11 +126,11 @@ def fp8_rows_times_weight(pass_name: str, x: Fp8Tensor, w: QuantizedWeight, out:
 
 def fp8_token_reduction(
     x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor], granularity: Granularity,
-    out: torch.Tensor,
+    out: torch.Tensor, accumulate: bool = False,
 ) -> torch.Tensor:
-    """out = x^T @ y, reducing over the tokens: x = (q^T [P, capacity], scale) and y likewise, both
-    quantized along the tokens into quantize_both's transposed layout (the wgrad)."""
+    """out = x^T @ y (`accumulate`: out += it), reducing over the tokens: x = (q^T [P, capacity], scale)
+    and y likewise, both quantized along the tokens into quantize_both's transposed layout (the wgrad)."""
     (xt, sx), (yt, sy) = x, y
     scales = Scales(sx, vark_scale_strides(sx, granularity)[1:], sy, vark_scale_strides(sy, granularity),
                     per_k_block=granularity == Granularity.BLOCKWISE)
-    return scaled_mm(xt, yt, out, scales, "wgrad", granularity)
+    return scaled_mm(xt, yt, out, scales, "wgrad", granularity, accumulate)

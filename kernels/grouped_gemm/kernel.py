@@ -35,8 +35,10 @@ def _grouped_mm_kernel(
     SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
 ):
-    """C[rows_g] = A[rows_g] @ B_g^T for every group; B_g is [N, K] through its strides.
+    """C[rows_g] = A[rows_g] @ B_g^T for every group (ACCUMULATE: C += it, summed in fp32); B_g is
+    [N, K] through its strides.
 
     Persistent: NUM_PROGRAMS programs walk the tiles of all groups in order, so the tile count
     (which depends on the group sizes) is never needed on the host; empty groups have no tiles.
@@ -97,6 +99,8 @@ def _grouped_mm_kernel(
                 sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
                 acc = acc * sa[:, None] * sb[None, :]
             c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
+            if ACCUMULATE:
+                acc += tl.load(c_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
             tile += NUM_PROGRAMS
         tiles_before += tiles_g
@@ -173,9 +177,10 @@ def _grouped_mm_vark_kernel(
 
 def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
-    scales: Scales | None = None,
+    scales: Scales | None = None, accumulate: bool = False,
 ) -> torch.Tensor:
-    """out[rows_g] = a[rows_g] @ b[g]^T: a [M, K] with contiguous rows, b [G, N, K] any strides.
+    """out[rows_g] = a[rows_g] @ b[g]^T (`accumulate`: out[rows_g] += it): a [M, K] with contiguous rows,
+    b [G, N, K] any strides.
 
     Through tensor descriptors when the operands meet TMA's 16-byte rules (tma_layout,
     stack_tma_layout), else through pointers."""
@@ -205,7 +210,7 @@ def grouped_mm(
         *s.a_strides, *s.b_strides,
         TMA=tma, B_K_MAJOR=bool(b_k_major), SB_OUT_DIV=s.b_out_div, SCALE=mode,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NUM_PROGRAMS=programs, ACCUMULATE=accumulate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
