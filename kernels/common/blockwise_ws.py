@@ -20,13 +20,12 @@ products only feed outputs the masked store drops. Gluon kernels do not run in t
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.common.device import interpreter_mode, persistent_programs
+from kernels.common.device import cdiv, interpreter_mode, persistent_programs
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.common.tma import bind_context, tma_layout
@@ -212,7 +211,7 @@ def blockwise_mm(
     if M == 0 or N == 0:
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
-    max_tiles = (triton.cdiv(M, BLOCK_M.value) + G) * triton.cdiv(N, cfg.BLOCK_N)
+    max_tiles = (cdiv(M, BLOCK_M.value) + G) * cdiv(N, cfg.BLOCK_N)
     programs = persistent_programs(a.device, max_tiles)
     bind_context(a.device)
     _blockwise_ws_kernel[(programs,)](

@@ -19,6 +19,12 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host-side grid and buffer sizes. triton.cdiv is a constexpr function now, whose
+    argument unwrapping costs microseconds a call: a training step makes dozens of these."""
+    return -(-a // b)
+
+
 def persistent_programs(device: torch.device, tiles: int) -> int:
     """Programs of a persistent grid: one per SM, no more than the tiles; a few under the interpreter,
     so that each program walks several tiles there too."""

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.device import interpreter_mode
+from kernels.common.device import cdiv, interpreter_mode
 
 BLOCK = 128
 FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -320,10 +320,10 @@ def _format_args(dtype: torch.dtype) -> dict[str, object]:
 def segment_amax(x: torch.Tensor, segment_rows: int) -> torch.Tensor:
     """max |x| over each run of `segment_rows` rows of a 2-D tensor: fp32 [R // segment_rows]."""
     R, C = x.shape
-    segments = max(1, triton.cdiv(R, segment_rows))
+    segments = max(1, cdiv(R, segment_rows))
     amax = torch.zeros(segments, dtype=torch.float32, device=x.device)
     if R and C:
-        grid = (segments, triton.cdiv(min(segment_rows, R), 32))
+        grid = (segments, cdiv(min(segment_rows, R), 32))
         _segment_amax_kernel[grid](x, amax, R, C, x.stride(0), segment_rows, BLOCK_R=32, BLOCK_C=128)
     return amax
 
@@ -351,10 +351,10 @@ def quantize_rows(
     elif granularity == Granularity.ROWWISE:
         scale, mode = torch.empty(R, dtype=torch.float32, device=x.device), 1
     else:
-        scale, mode = torch.empty((R, triton.cdiv(C, BLOCK)), dtype=torch.float32, device=x.device), 2
+        scale, mode = torch.empty((R, cdiv(C, BLOCK)), dtype=torch.float32, device=x.device), 2
     if R and C:
         block_r = 32
-        _quantize_rows_kernel[(triton.cdiv(R, block_r),)](
+        _quantize_rows_kernel[(cdiv(R, block_r),)](
             x, q, scale, amax if amax is not None else scale, R, C, x.stride(0), q.stride(0), segment_rows or 1,
             **fmt, EPS=AMAX_EPS, MODE=mode, BLOCK_R=block_r, BLOCK_C=BLOCK,
         )
@@ -384,7 +384,7 @@ class RowGroups:
     def capacity(self, rows: int) -> int:
         """Columns of the transposed layout: every group padded to whole 128-row blocks."""
         if self.offs is None:
-            return self.count * triton.cdiv(self.size, BLOCK) * BLOCK
+            return self.count * cdiv(self.size, BLOCK) * BLOCK
         return padded_capacity(rows, self.count)
 
 
@@ -409,7 +409,7 @@ def padded_offsets(group_offs: torch.Tensor) -> torch.Tensor:
 
 def padded_capacity(rows: int, groups: int) -> int:
     """Columns that hold `rows` rows split into `groups` segments each padded to 128, whatever the split."""
-    return triton.cdiv(rows + groups * (BLOCK - 1), BLOCK) * BLOCK
+    return cdiv(rows + groups * (BLOCK - 1), BLOCK) * BLOCK
 
 
 def quantize_both(
@@ -443,7 +443,7 @@ def quantize_both(
     row_amax = group_amax = scale = scale_t = None
     scale_groups = 0
     if granularity == Granularity.BLOCKWISE:
-        scale = torch.empty((R, triton.cdiv(C, BLOCK)), dtype=torch.float32, device=device) if rows else None
+        scale = torch.empty((R, cdiv(C, BLOCK)), dtype=torch.float32, device=device) if rows else None
         scale_t = torch.empty((capacity // BLOCK, C), dtype=torch.float32, device=device)
         mode = 2
     elif granularity == Granularity.ROWWISE:
@@ -462,12 +462,12 @@ def quantize_both(
     common = dict(G=G, R=R, C=C, stride_x=x.stride(0), GROUP_ROWS=groups.size, EQUAL_GROUPS=equal)
     if C and (R or scale_groups):
         if mode != 2 and R:
-            _amax_both_kernel[(token_blocks, triton.cdiv(C, BLOCK))](
+            _amax_both_kernel[(token_blocks, cdiv(C, BLOCK))](
                 x, row_amax, group_amax, offs, padded_ptr, **common, ROWWISE=mode == 1, ROWS=rows,
                 TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK, num_warps=8,
             )
         unused = scale_t  # stands in for the pointers a mode does not read
-        _quantize_both_kernel[(max(token_blocks, scale_groups), triton.cdiv(C, BLOCK))](
+        _quantize_both_kernel[(max(token_blocks, scale_groups), cdiv(C, BLOCK))](
             x, qt if q is None else q, qt, unused if scale is None else scale, scale_t,
             unused if row_amax is None else row_amax, unused if group_amax is None else group_amax,
             offs, padded_ptr, **common, stride_q=C, stride_qt=capacity,
@@ -500,7 +500,7 @@ def quantize_blocks_2d(w: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.T
     G, R, C = w.shape
     q = torch.empty_like(w, dtype=fp8_dtype)
     qt = torch.empty((G, C, R), dtype=fp8_dtype, device=w.device)
-    grid = (G, triton.cdiv(R, BLOCK), triton.cdiv(C, BLOCK))
+    grid = (G, cdiv(R, BLOCK), cdiv(C, BLOCK))
     scale = torch.empty(grid, dtype=torch.float32, device=w.device)
     if G and R and C:
         _quantize_blocks_2d_kernel[grid](

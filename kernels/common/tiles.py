@@ -23,15 +23,18 @@ class TileConfig:
     num_stages: int
 
 
+KNOBS: tuple[str, ...] = tuple(f.name for f in fields(TileConfig))
+
+
 def config_from_table(
     table: Mapping[str, Mapping[str, int]], space: Mapping[str, tuple[int, ...]], bucket: str
 ) -> TileConfig:
     """The table's config for `bucket`, refused if a knob is missing or outside the tunable space."""
     cfg = table[bucket]
-    for knob in (f.name for f in fields(TileConfig)):
+    for knob in KNOBS:
         if cfg.get(knob) not in space[knob]:
             raise ValueError(f"tuned table {bucket}: {knob}={cfg.get(knob)} is outside the tunable space {space[knob]}")
-    return TileConfig(**{f.name: cfg[f.name] for f in fields(TileConfig)})
+    return TileConfig(**{knob: cfg[knob] for knob in KNOBS})
 
 
 def fits_shared_memory(cfg: Mapping[str, int], element_size: int, out_element_size: int = 0) -> bool:

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.common.device import check_same_device, persistent_programs
+from kernels.common.device import cdiv, check_same_device, persistent_programs
 from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.common.tma import bind_context, tma_layout
@@ -144,7 +144,7 @@ def launch_tma(
     per_k_block = scales is not None and scales.per_k_block
     if per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
-    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    tiles = cdiv(M, cfg.BLOCK_M) * cdiv(N, cfg.BLOCK_N)
     programs = persistent_programs(a.device, tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     bind_context(a.device)
@@ -167,7 +167,7 @@ def launch_tma(
 def launch_pointer(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
     """`out = a @ b` on the pointer kernel: any strides."""
     (M, K), N = a.shape, b.shape[1]
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
+    grid = (cdiv(M, cfg.BLOCK_M) * cdiv(N, cfg.BLOCK_N),)
     _matmul_kernel[grid](
         a, b, out,
         M, N, K,

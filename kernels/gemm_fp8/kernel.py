@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from kernels.common import blockwise_ws
+from kernels.common.device import cdiv
 from kernels.common.fp8 import BLOCK, Granularity, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tma import tma_layout
@@ -47,7 +47,7 @@ class Fp8Tensor:
             return (1,)
         if self.granularity == Granularity.ROWWISE:
             return (rows,)
-        return (triton.cdiv(rows, BLOCK) if weight else rows, triton.cdiv(k, BLOCK))
+        return (cdiv(rows, BLOCK) if weight else rows, cdiv(k, BLOCK))
 
     def check(self, name: str, fp8_dtype: torch.dtype, granularity: Granularity, weight: bool) -> None:
         """Refuse (ValueError) data or scales that do not match each other and the config."""

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.common.device import persistent_programs
+from kernels.common.device import cdiv, persistent_programs
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
@@ -190,7 +190,7 @@ def grouped_mm(
     if M == 0 or N == 0:
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
-    max_tiles = (triton.cdiv(M, cfg.BLOCK_M) + G) * triton.cdiv(N, cfg.BLOCK_N)
+    max_tiles = (cdiv(M, cfg.BLOCK_M) + G) * cdiv(N, cfg.BLOCK_N)
     programs = persistent_programs(a.device, max_tiles)
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     mode = SCALE_NONE if scales is None else scales.mode
@@ -246,7 +246,7 @@ def grouped_mm_vark(
         return out
     s = scales or VarKScales(x, (0, 0, 0), x, (0, 0, 0))
     mode = SCALE_NONE if scales is None else (SCALE_PER_K_BLOCK if scales.per_k_block else SCALE_EPILOGUE)
-    grid = (triton.cdiv(P, cfg.BLOCK_M) * triton.cdiv(Q, cfg.BLOCK_N), G)
+    grid = (cdiv(P, cfg.BLOCK_M) * cdiv(Q, cfg.BLOCK_N), G)
     # Padded K-major operands (the FP8 wgrad's) are whole 128-token blocks TMA can read; the bf16
     # token-major ones have groups that end mid-tile, which only masks can cut.
     tma = padded and tma_layout(x) is True and tma_layout(y) is True

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from kernels.common import blockwise_ws
+from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_blocks_2d, quantize_both
 from kernels.common.scales import Scales
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
@@ -66,7 +66,7 @@ class QuantizedWeight:
             along_cols = cls(q.view(G, R, C), s, (1, 0, 0) if tensorwise else (R, 1, 0))
         if over_rows:
             qt, s = both.cols_t
-            padded_rows = triton.cdiv(R, 128) * 128  # each expert's rows start on a 128 boundary
+            padded_rows = cdiv(R, 128) * 128  # each expert's rows start on a 128 boundary
             # [G, C(out), R(red)], red contiguous; the zero padding past R is never read.
             data = qt.unflatten(1, (G, padded_rows)).permute(1, 0, 2)[:, :, :R]
             along_rows = cls(data, s, (1, 0, 0) if tensorwise else (s.stride(0), s.stride(1), 0))
