@@ -86,6 +86,13 @@ if GEMM.header != GEMM_HEADER:  # the frozen contract: fail at import, never wri
 
 SCHEMAS: dict[str, CsvSchema] = {GEMM.name: GEMM}
 
+# Attention: q/k head dim D and v head dim Dv (they differ for MLA), causal 0/1, window the keys left of the
+# diagonal a query sees (0: none); a shape may leave causal and window out.
+ATTENTION_HEADER = (
+    "label,B,Hq,Hkv,Sq,Sk,D,Dv,causal,window,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,"
+    "Backward TFLOPS_stddev,Forward Time (ms),Backward Time (ms),out_snr,dq_snr,dk_snr,dv_snr"
+)
+
 
 def register_schema(schema: CsvSchema) -> CsvSchema:
     """Declare another op family's schema. Re-registering a name with other columns is refused."""
@@ -94,6 +101,14 @@ def register_schema(schema: CsvSchema) -> CsvSchema:
         raise ValueError(f"schema '{schema.name}' is already declared with other columns")
     SCHEMAS[schema.name] = schema
     return schema
+
+
+ATTENTION = register_schema(CsvSchema(
+    "attention", ("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", "causal", "window"), "TFLOPS", ("out", "dq", "dk", "dv"),
+    dim_defaults={"causal": 0, "window": 0},
+))
+if ATTENTION.header != ATTENTION_HEADER:
+    raise RuntimeError("harness.schema: the attention schema no longer produces the frozen header")
 
 
 def get_schema(name: str) -> CsvSchema:

@@ -1,5 +1,5 @@
-"""Benchmark shapes: presets for dense GEMM (Llama-3) and grouped GEMM (MoE models, with skewed
-token splits), and shapes read from a YAML file.
+"""Benchmark shapes: presets for dense GEMM (Llama-3), grouped GEMM (MoE models, with skewed token
+splits) and attention (model heads, long context, packed documents), and shapes read from a YAML file.
 
 A YAML shape file is a list of shapes (or `shapes: [...]`), each a label, its dims and, for grouped
 ops, optional explicit `group_lens`:
@@ -24,6 +24,7 @@ from harness.errors import UserError
 from harness.rules import first_error
 
 SKEWS: tuple[str, ...] = ("uniform", "topk", "hot", "empty")
+GROUP_MEAN_DIMS: tuple[str, ...] = ("M", "Sq", "Sk")
 
 
 class Shape(BaseModel):
@@ -47,11 +48,15 @@ class Shape(BaseModel):
     def _check_groups(self) -> Shape:
         if self.group_lens is None:
             return self
-        groups, mean = self.dims.get("B"), self.dims.get("M")
+        groups = self.dims.get("B")
         if groups != len(self.group_lens):
             raise ValueError(f"group_lens has {len(self.group_lens)} entries but B is {groups}")
-        if mean != sum(self.group_lens) // len(self.group_lens):
-            raise ValueError(f"M must be the mean of group_lens rounded down ({sum(self.group_lens) // groups})")
+        mean = sum(self.group_lens) // groups
+        # The per-group size dims: M (tokens per expert) for grouped GEMMs, Sq and Sk (tokens per packed
+        # sequence) for attention.
+        for dim in [d for d in GROUP_MEAN_DIMS if d in self.dims] or ["M"]:
+            if self.dims.get(dim) != mean:
+                raise ValueError(f"{dim} must be the mean of group_lens rounded down ({mean})")
         return self
 
 
@@ -242,6 +247,93 @@ def grouped_smoke() -> list[Shape]:
     return [grouped_shape(f"smoke/g4/{skew}", 4, 37, 40, 56, skew, seed=i) for i, skew in enumerate(SKEWS)]
 
 
+# --- attention presets ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionModel:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int | None = None  # MLA: v's head dim differs from q/k's
+    window: int = 0  # sliding window (keys left of the diagonal) of its windowed layers; 0: none
+
+    def dims(self, batch: int, seqlen: int, window: int = 0) -> dict[str, int]:
+        """Causal self-attention dims, as models train (window left out when 0: the schema's default)."""
+        dims = {"B": batch, "Hq": self.heads, "Hkv": self.kv_heads, "Sq": seqlen, "Sk": seqlen, "D": self.head_dim,
+                "Dv": self.v_head_dim or self.head_dim, "causal": 1}
+        return dims | ({"window": window} if window else {})
+
+
+ATTENTION_MODELS: dict[str, AttentionModel] = {
+    "llama3-8b": AttentionModel(heads=32, kv_heads=8, head_dim=128),
+    "llama3-70b": AttentionModel(heads=64, kv_heads=8, head_dim=128),
+    # MLA after the up-projections: every head has its own k (192 = 128 + 64 rope) and v (128).
+    "deepseek-v3": AttentionModel(heads=128, kv_heads=128, head_dim=192, v_head_dim=128),
+    # GPT-OSS alternates full layers and 128-token sliding-window layers.
+    "gpt-oss": AttentionModel(heads=64, kv_heads=8, head_dim=64, window=128),
+}
+# Tokens per step of every model preset: B x S = 16k, at 4k and 8k tokens per sequence.
+ATTENTION_TOKENS = 16384
+ATTENTION_SEQLENS: tuple[int, ...] = (4096, 8192)
+# Packed documents of mixed lengths, 16k tokens in all (one 8k document down to a few short ones).
+PACKED_DOC_LENS: tuple[int, ...] = (8192, 3000, 2048, 1500, 900, 400, 200, 100, 33, 11)
+
+
+def attention_preset(model: str) -> list[Shape]:
+    spec = ATTENTION_MODELS[model]
+    windows = (0, spec.window) if spec.window else (0,)
+    return [
+        Shape(label=f"{model}/s{seqlen}" + (f"/w{window}" if window else ""),
+              dims=spec.dims(ATTENTION_TOKENS // seqlen, seqlen, window))
+        for window in windows
+        for seqlen in ATTENTION_SEQLENS
+    ]
+
+
+def attention_long_context() -> list[Shape]:
+    """One sequence of 16k and of 32k tokens with Llama-3 8B's heads."""
+    spec = ATTENTION_MODELS["llama3-8b"]
+    return [Shape(label=f"long/llama3-8b/s{seqlen}", dims=spec.dims(1, seqlen)) for seqlen in (16384, 32768)]
+
+
+def attention_packed() -> list[Shape]:
+    """Packed documents of mixed lengths (varlen) with Llama-3 8B's heads, and with GPT-OSS's heads and window."""
+    lens, shapes = PACKED_DOC_LENS, []
+    for model, window in (("llama3-8b", 0), ("gpt-oss", ATTENTION_MODELS["gpt-oss"].window)):
+        dims = ATTENTION_MODELS[model].dims(len(lens), sum(lens) // len(lens), window)
+        shapes.append(Shape(label=f"packed/{model}" + (f"/w{window}" if window else ""), dims=dims, group_lens=lens))
+    return shapes
+
+
+def attention_headline() -> list[Shape]:
+    """Issue 16's acceptance setting (8k tokens per sequence, B x S = 16k, d64 / d128 / d256, causal and
+    not) with FlashAttention's benchmark convention for the heads: hidden 2048, so 2048 / D heads, no GQA."""
+    return [
+        Shape(label=f"headline/d{d}" + ("/causal" if causal else ""),
+              dims={"B": 2, "Hq": 2048 // d, "Hkv": 2048 // d, "Sq": 8192, "Sk": 8192, "D": d, "Dv": d}
+              | ({"causal": 1} if causal else {}))
+        for d in (64, 128, 256)
+        for causal in (False, True)
+    ]
+
+
+def attention_smoke() -> list[Shape]:
+    """Small attention shapes for the CPU interpreter: odd lengths, GQA, Sq != Sk, MLA head dims, a window,
+    packed sequences with an empty and a one-token one."""
+    def dims(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, Dv: int, **flags: int) -> dict[str, int]:
+        return {"B": B, "Hq": Hq, "Hkv": Hkv, "Sq": Sq, "Sk": Sk, "D": D, "Dv": Dv, **flags}
+
+    lens = (0, 1, 70, 29)
+    return [
+        Shape(label="smoke/mha-d64-s77", dims=dims(1, 2, 2, 77, 77, 64, 64)),
+        Shape(label="smoke/gqa-causal-d128-q45-k80", dims=dims(2, 4, 2, 45, 80, 128, 128, causal=1)),
+        Shape(label="smoke/mla-causal-d192-s61", dims=dims(1, 2, 2, 61, 61, 192, 128, causal=1)),
+        Shape(label="smoke/window-d64-s90-w16", dims=dims(1, 2, 1, 90, 90, 64, 64, causal=1, window=16)),
+        Shape(label="smoke/packed-causal-d64", dims=dims(len(lens), 2, 1, 25, 25, 64, 64, causal=1), group_lens=lens),
+    ]
+
+
 PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
     "dense_gemm": {
         "smoke": dense_smoke,
@@ -253,6 +345,13 @@ PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
         "smoke": grouped_smoke,
         "headline": moe_headline,
         **{name: (lambda name=name: moe_preset(name)) for name in MOE_MODELS},
+    },
+    "attention": {
+        "smoke": attention_smoke,
+        **{name: (lambda name=name: attention_preset(name)) for name in ATTENTION_MODELS},
+        "long-context": attention_long_context,
+        "packed": attention_packed,
+        "headline": attention_headline,
     },
 }
 

@@ -32,7 +32,7 @@ def test_bench_writes_the_frozen_header(smoke_csv):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["bench", "--op", "gemmm"], "error: unknown op 'gemmm' (registered: gemm"),
+        (["bench", "--op", "gemmm"], "error: unknown op 'gemmm' (registered: attention, gemm"),
         (["bench", "--op", "gemm", "--shapes", "llama9"], "error: unknown shape preset 'llama9'"),
         (["bench", "--op", "gemm", "--timing", "cuda-events"], "error: timing mode 'cuda-events' needs a CUDA device"),
     ],

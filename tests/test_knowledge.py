@@ -156,7 +156,7 @@ def test_applicable_routes_by_op_device_and_backend() -> None:
         "knowledge/ops/grouped_gemm/overview.md", "knowledge/ops/grouped_gemm/optimization-directions.md"]
     hopper = applicable(REPO_ROOT, "gemm", H100)[0]
     assert (hopper.kind, hopper.subject, hopper.devices) == ("hardware", "hopper", ["H100", "H200"])
-    with pytest.raises(UserError, match=r"^unknown op 'nope' \(registered: gemm, "):
+    with pytest.raises(UserError, match=r"^unknown op 'nope' \(registered: attention, gemm, "):
         applicable(REPO_ROOT, "nope")
     with pytest.raises(UserError, match=r"^unknown backend 'cuda' \(known: gluon, triton\)"):
         applicable(REPO_ROOT, "gemm", backend="cuda")

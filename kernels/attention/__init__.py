@@ -1,0 +1,182 @@
+"""attention: flash attention for training (forward and backward), dense or packed, with GQA, causal and a
+sliding window; bf16/fp16, fp32 accumulation.
+
+    from kernels.attention import attention, attention_varlen
+    out = attention(q, k, v, causal=True)            # q [B, S, Hq, D], k/v [B, S, Hkv, D]
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)   # q [total_q, Hq, D]
+    out.backward(grad_out)
+
+Semantics are flash-attn's (kernels/attention/kernel.py says them in full): causal aligned bottom-right
+when Sq != Sk, `window` = keys left of the diagonal a query sees (window_size=(window, 0); causal only),
+softmax_scale 1/sqrt(D) by default. Head dims 64, 128, 192 and 256; q/k and v head dims may differ (MLA:
+192/128). Inputs are checked here (a one-line ValueError); cu_seqlens' values are not: reading them
+would need the host, and the kernels never do, so a step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.attention.kernel import AttentionFunction, AttentionShape, backward_into, forward_into
+from kernels.common.device import check_same_device
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_HEAD_DIMS = (64, 128, 192, 256)
+
+
+def _fail(problem: str) -> ValueError:
+    return ValueError(f"attention: {problem}")
+
+
+def _check_options(causal: bool, softmax_scale: float | None, window: int | None, head_dim: int) -> float:
+    """The softmax scale to use, after checking the options."""
+    if window is not None and (not isinstance(window, int) or window < 0):
+        raise _fail(f"window must be None or a non-negative int, got {window!r}")
+    if window is not None and not causal:
+        raise _fail("a sliding window needs causal=True (it is flash-attn's window_size=(window, 0))")
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not softmax_scale > 0:
+        raise _fail(f"softmax_scale must be positive, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.ndim != rank:
+            layout = "[B, S, H, D]" if rank == 4 else "[total, H, D]"
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise _fail(f"{name} must be {rank}-D {layout}, got {got}")
+    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _fail(f"q, k and v must all be bf16 or fp16, got {q.dtype}, {k.dtype} and {v.dtype}")
+    check_same_device(q=q, k=k, v=v)
+    (hq, dqk), (hk, dk), (hv, dv) = q.shape[-2:], k.shape[-2:], v.shape[-2:]
+    if dk != dqk:
+        raise _fail(f"head dims of q and k differ: {dqk} and {dk}")
+    for name, d in (("q/k", dqk), ("v", dv)):
+        if d not in SUPPORTED_HEAD_DIMS:
+            raise _fail(f"unsupported {name} head dim {d} (supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
+    if hv != hk:
+        raise _fail(f"k and v must have the same number of heads, got {hk} and {hv}")
+    if hk == 0 or hq % hk:
+        raise _fail(f"q heads ({hq}) must be a multiple of k/v heads ({hk})")
+    if k.shape[:-2] != v.shape[:-2]:
+        raise _fail(f"k and v disagree on batch/sequence sizes: {tuple(k.shape)} and {tuple(v.shape)}")
+
+
+def dense_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttentionShape:
+    """The checked shape of a dense problem: q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv]."""
+    _check_tensors(q, k, v, rank=4)
+    if q.shape[0] != k.shape[0]:
+        raise _fail(f"batch sizes of q and k differ: {q.shape[0]} and {k.shape[0]}")
+    (b, sq, hq, dqk), (_, sk, hkv, _), dv = q.shape, k.shape, v.shape[-1]
+    return AttentionShape(b, sq, sk, hq, hkv, dqk, dv)
+
+
+def packed_shape(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int,
+) -> AttentionShape:
+    """The checked shape of a packed problem: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens [batch + 1]."""
+    _check_tensors(q, k, v, rank=3)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.ndim != 1 or cu.dtype != torch.int32 or cu.numel() < 1:
+            got = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, torch.Tensor) else type(cu).__name__
+            raise _fail(f"{name} must be a 1-D int32 tensor [batch + 1], got {got}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise _fail(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                    f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    check_same_device(q=q, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(n, int) or n < 0:
+            raise _fail(f"{name} must be a non-negative int (a host value), got {n!r}")
+    (_, hq, dqk), (_, hkv, _), dv = q.shape, k.shape, v.shape[-1]
+    return AttentionShape(cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, hq, hkv, dqk, dv,
+                          cu_seqlens_q, cu_seqlens_k)
+
+
+def _check_buffer(
+    name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+    also: torch.dtype | None = None,
+) -> None:
+    """`t` must have this shape and device, and this dtype (or `also`)."""
+    if tuple(t.shape) != shape or t.dtype not in (dtype, also) or t.device != device:
+        want = f"{dtype} or {also}" if also else str(dtype)
+        raise _fail(f"{name} must be {list(shape)} {want} on {device}, got {list(t.shape)} {t.dtype} on {t.device}")
+
+
+def _check_lse(lse: torch.Tensor, shape: AttentionShape, q: torch.Tensor) -> None:
+    _check_buffer("lse", lse, shape.lse_shape(q.shape[0]), torch.float32, q.device)
+    if lse.stride(-1) != 1:
+        raise _fail("lse must have contiguous rows")
+
+
+def attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape, causal: bool = False,
+    softmax_scale: float | None = None, window: int | None = None,
+    out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward without autograd, into `out` (q's dtype or fp32) and `lse` when given: returns (out, LSE),
+    the LSE natural-log fp32 [B, Hq, Sq] ([Hq, total_q] packed). `shape` from dense_shape / packed_shape."""
+    scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
+    rows = q.shape[0]
+    if out is None:
+        out = q.new_empty(shape.out_shape(rows))
+    _check_buffer("out", out, shape.out_shape(rows), q.dtype, q.device, also=torch.float32)
+    if lse is None:
+        lse = torch.empty(shape.lse_shape(rows), device=q.device, dtype=torch.float32)
+    _check_lse(lse, shape, q)
+    forward_into(q, k, v, out, lse, shape, causal, scale, window)
+    return out, lse
+
+
+def attention_backward(
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    shape: AttentionShape, causal: bool = False, softmax_scale: float | None = None, window: int | None = None,
+    dq: torch.Tensor | None = None, dk: torch.Tensor | None = None, dv: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward without autograd, from the forward's out and LSE, into dq, dk, dv when given."""
+    scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
+    _check_buffer("out", out, shape.out_shape(q.shape[0]), q.dtype, q.device, also=torch.float32)
+    _check_buffer("grad_out", grad_out, tuple(out.shape), q.dtype, q.device)
+    _check_lse(lse, shape, q)
+    grads = []
+    for name, buf, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if buf is None:
+            buf = torch.empty_like(like)
+        _check_buffer(name, buf, tuple(like.shape), like.dtype, like.device)
+        grads.append(buf)
+    backward_into(grad_out, q, k, v, out, lse, *grads, shape, causal, scale, window)
+    return grads[0], grads[1], grads[2]
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * softmax_scale) v with autograd. q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv]
+    (Hkv divides Hq); returns [B, Sq, Hq, Dv]."""
+    shape = dense_shape(q, k, v)
+    scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
+    return AttentionFunction.apply(q, k, v, shape, causal, scale, window)
+
+
+def attention_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, causal: bool = False, softmax_scale: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """attention over packed sequences with autograd: q [total_q, Hq, D], k/v [total_k, Hkv, D];
+    sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] (int32 on q's device, empty sequences allowed);
+    max_seqlen_* are host ints, at least the longest sequence (they size the grid). Returns [total_q, Hq, Dv]."""
+    shape = packed_shape(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
+    return AttentionFunction.apply(q, k, v, shape, causal, scale, window)
+
+
+__all__ = [
+    "AttentionShape", "attention", "attention_backward", "attention_forward", "attention_varlen", "dense_shape",
+    "packed_shape",
+]

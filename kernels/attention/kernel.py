@@ -1,0 +1,589 @@
+"""attention: FlashAttention-2 style forward and backward in Triton, their launchers and the autograd Function.
+
+Layouts are flash-attn's: q [B, Sq, Hq, Dqk], k [B, Sk, Hkv, Dqk], v [B, Sk, Hkv, Dv], out [B, Sq, Hq, Dv];
+packed (varlen) problems drop B: q [total_q, Hq, Dqk] with `cu_seqlens_q` [batch + 1] (int32, on the
+device) marking where each sequence starts. One kernel serves both: VARLEN reads a sequence's start
+and length from cu_seqlens inside the kernel (never on the host, so a step can be captured in a CUDA
+graph), and the grid is sized by the caller's max_seqlen: programs past their sequence's end return.
+
+Semantics (as flash-attn):
+- GQA/MQA: q head h reads kv head h // (Hq // Hkv); dK/dV of a kv head sum over its q heads.
+- causal is aligned bottom-right: query i of a sequence (Sq queries, Sk keys) sees key j iff
+  j <= i + Sk - Sq. With Sq > Sk the first Sq - Sk queries see nothing: their output is 0 and their
+  log-sum-exp +inf (so that the backward gives them zero gradients).
+- window W (causal only): query i also needs j >= i + Sk - Sq - W, i.e. it sees the W keys left of
+  its diagonal and the diagonal key: flash-attn's window_size=(W, 0).
+- softmax_scale defaults to 1/sqrt(Dqk); the LSE returned is natural-log, fp32, [B, Hq, Sq]
+  ([Hq, total_q] when packed).
+
+Kernels:
+- `_fwd_kernel`: one program per (query block, batch x q head): online softmax in base 2 (log2(e)
+  folded into the scale, so each score costs one exp2), fp32 accumulators, p cast to the input dtype
+  for the P @ V product.
+- `_bwd_preprocess_kernel`: delta = rowsum(dO * O), fp32, laid out as the LSE.
+- `_bwd_dkdv_kernel`: one program per (key block, batch x kv head); dK and dV stay in registers
+  while it walks the query blocks of every q head of its group, so GQA needs no reduction pass.
+- `_bwd_dq_kernel`: one program per (query block, batch x q head) walks the key blocks. dQ gets a
+  separate pass instead of atomic adds from the dK/dV pass: it recomputes P and dP (7 block matmuls
+  per step instead of 5), but needs no fp32 dQ scratch to zero and convert, and the result is
+  deterministic, bit for bit, run to run.
+Every loop over blocks is split in three: masked blocks left of the fully visible ones (window
+edge), the fully visible ones without any mask arithmetic, and masked blocks right of them (causal
+diagonal, sequence end). Head dims that are no power of two (MLA's 192) run padded to the next one
+with masked loads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention.tuning import AttentionConfig, config_for
+from kernels.common.device import cdiv
+
+LOG2E = math.log2(math.e)
+# Rows per program of the delta preprocess (a memory-bound row reduction).
+PREPROCESS_BLOCK_M = 64
+
+
+@triton.jit
+def _seq_bounds(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
+    """(first row, length) of sequence b: from cu_seqlens when packed, else (0, the padded length)."""
+    if VARLEN:
+        start = tl.load(cu_seqlens + b)
+        length = tl.load(cu_seqlens + b + 1) - start
+    else:
+        start = 0
+        length = seqlen
+    return start, length
+
+
+@triton.jit
+def _query_block(CAUSAL: tl.constexpr):
+    """This program's query block. Causal query blocks get more work the later they are, so they run last
+    first: the grid's tail is then the lightest blocks, not the heaviest (programs of one head still run
+    side by side, sharing its K/V in L2)."""
+    pid = tl.program_id(0)
+    if CAUSAL:
+        pid = tl.num_programs(0) - 1 - pid
+    return pid
+
+
+@triton.jit
+def _visible_range(first, last, len_other, diag, window, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+                   WINDOW: tl.constexpr, ROWS_ARE_QUERIES: tl.constexpr):
+    """Blocks of the other side (keys for a query block, queries for a key block) that rows first..last
+    can see, as [lo, full_lo) masked, [full_lo, full_hi) fully visible (no mask), [full_hi, hi) masked.
+
+    With queries i and keys j, i sees j iff j <= i + diag (causal) and j >= i + diag - window (window; the
+    API allows a window only with causal, so WINDOW implies CAUSAL here).
+    lo and the full bounds are multiples of BLOCK; hi is exclusive and may cut a block (masks handle it).
+    Numerators are clamped at 0 before dividing: Triton divides negatives toward zero, Python (the
+    interpreter) toward minus infinity.
+    """
+    lo = 0
+    hi = len_other
+    full_lo = 0
+    full_hi = (len_other // BLOCK) * BLOCK
+    if ROWS_ARE_QUERIES:  # the others are keys j
+        if CAUSAL:
+            hi = tl.minimum(len_other, last + 1 + diag)
+            full_hi = tl.minimum(full_hi, (tl.maximum(first + 1 + diag, 0) // BLOCK) * BLOCK)
+        if WINDOW:
+            lo = (tl.maximum(first + diag - window, 0) // BLOCK) * BLOCK
+            full_lo = tl.cdiv(tl.maximum(last + diag - window, 0), BLOCK) * BLOCK
+    else:  # the others are queries i
+        if CAUSAL:
+            lo = (tl.maximum(first - diag, 0) // BLOCK) * BLOCK
+            full_lo = tl.cdiv(tl.maximum(last - diag, 0), BLOCK) * BLOCK
+        if WINDOW:
+            hi = tl.minimum(len_other, last - diag + window + 1)
+            full_hi = tl.minimum(full_hi, (tl.maximum(first - diag + window + 1, 0) // BLOCK) * BLOCK)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _visible(i, j, seqlen_q, seqlen_k, diag, window, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """Mask of the (query i, key j) pairs that exist and that the causal/window rules let through; i and j
+    are index tensors that broadcast to the tile ([M, 1] and [1, N], or transposed for the dK/dV pass)."""
+    ok = (i < seqlen_q) & (j < seqlen_k)
+    if CAUSAL:
+        ok = ok & (j <= i + diag)
+    if WINDOW:
+        ok = ok & (j >= i + diag - window)
+    return ok
+
+
+@triton.jit
+def _load_tile(ptrs, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """A [rows, BLOCK_D] tile; rows past the end (MASK_ROWS: where rows_ok is false) and the padding columns
+    of a head dim that is no power of two read 0. Power-of-two head dims get no column mask: a mask that
+    varies along the contiguous dim stops the loads from being vectorized, and so from being pipelined as
+    asynchronous copies."""
+    if BLOCK_D != HEAD_DIM:
+        if MASK_ROWS:
+            tile = tl.load(ptrs, mask=rows_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+    elif MASK_ROWS:
+        tile = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, tile, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a [rows, BLOCK_D] tile's existing rows and real columns (see _load_tile)."""
+    if BLOCK_D != HEAD_DIM:
+        tl.store(ptrs, tile.to(ptrs.dtype.element_ty), mask=rows_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+    else:
+        tl.store(ptrs, tile.to(ptrs.dtype.element_ty), mask=rows_ok[:, None])
+
+
+@triton.jit
+def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_dqk, offs_dv,
+                lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
+                HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The online softmax over key blocks lo..hi: running max m_i (base 2), running sum l_i, acc += P @ V."""
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + offs_n
+        key_ok = cols < seqlen_k
+        k = _load_tile(k_ptrs + n0 * stride_kn, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED)
+        v = _load_tile(v_ptrs + n0 * stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            visible = _visible(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, diag, window, CAUSAL, WINDOW)
+            s = tl.where(visible, s, float("-inf"))
+        # m_i starts finite (-1e30, not -inf), so a row that sees none of this block's keys gets
+        # alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh,
+    heads_q, group, seqlen_q_dense, seqlen_k_dense, window, qk_scale,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+):
+    pid_m = _query_block(CAUSAL)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q, b, seqlen_q_dense, VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k, b, seqlen_k_dense, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:  # past this sequence's end (packed sequences shorter than max_seqlen_q)
+        return
+    diag = seqlen_k - seqlen_q
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dqk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < seqlen_q
+    # Row offsets in int64: row * stride passes 2**31 elements on long packed batches.
+    q_rows = (q_start + offs_m).to(tl.int64)
+    k_rows = (k_start + offs_n).to(tl.int64)
+    bq = b.to(tl.int64)
+    kvh = h // group
+
+    q_ptrs = Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+    q = _load_tile(q_ptrs, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, True)
+    k_ptrs = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
+    v_ptrs = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _visible_range(m0, m0 + BLOCK_M - 1, seqlen_k, diag, window, BLOCK_N, CAUSAL, WINDOW,
+                                              True)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
+                                offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window, qk_scale,
+                                True, CAUSAL, WINDOW, BLOCK_N,
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
+                                offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                                False, CAUSAL, WINDOW, BLOCK_N,
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
+                                offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                                True, CAUSAL, WINDOW, BLOCK_N,
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+
+    # A row that saw no key (causal with Sq > Sk) has l_i = 0: output 0, LSE +inf.
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) / 1.4426950408889634, float("inf"))
+    o_ptrs = O + bq * stride_ob + h * stride_oh + q_rows[:, None] * stride_os + offs_dv[None, :] * stride_od
+    _store_tile(o_ptrs, out, row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV)
+    tl.store(LSE + bq * stride_lb + h * stride_lh + q_rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _bwd_preprocess_kernel(
+    O, DO, DELTA, cu_seqlens_q,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_gb, stride_gs, stride_gh, stride_gd,
+    stride_lb, stride_lh,
+    heads_q, seqlen_q_dense,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q, b, seqlen_q_dense, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DV)
+    rows = (q_start + offs_m).to(tl.int64)
+    bq = b.to(tl.int64)
+    row_ok = offs_m < seqlen_q
+    o = _load_tile(O + bq * stride_ob + h * stride_oh + rows[:, None] * stride_os + offs_d[None, :] * stride_od,
+                   row_ok, offs_d, HEAD_DIM_V, BLOCK_DV, True)
+    do = _load_tile(DO + bq * stride_gb + h * stride_gh + rows[:, None] * stride_gs + offs_d[None, :] * stride_gd,
+                    row_ok, offs_d, HEAD_DIM_V, BLOCK_DV, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bq * stride_lb + h * stride_lh + rows, delta, mask=row_ok)
+
+
+@triton.jit
+def _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom,
+                   offs_m, offs_n, offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
+                   HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
+                   BLOCK_DV: tl.constexpr):
+    """dV += P^T dO and dK += dS^T Q over query blocks lo..hi, computed transposed ([keys, queries]) so
+    that the key block's rows stay the accumulators' rows."""
+    for m0 in range(lo, hi, BLOCK_M):
+        rows = m0 + offs_m
+        row_ok = rows < seqlen_q
+        q = _load_tile(q_ptrs + m0 * stride_qm, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED)
+        do = _load_tile(do_ptrs + m0 * stride_dom, row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        if MASKED:
+            lse = tl.load(lse_ptrs + m0, mask=row_ok, other=0.0)
+            delta = tl.load(delta_ptrs + m0, mask=row_ok, other=0.0)
+        else:
+            lse = tl.load(lse_ptrs + m0)
+            delta = tl.load(delta_ptrs + m0)
+        # P^T = exp2(K Q^T * scale * log2(e) - LSE * log2(e)): the forward's probabilities, recomputed.
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * 1.4426950408889634)[None, :])
+        if MASKED:
+            p_t = tl.where(_visible(rows[None, :], offs_n[:, None], seqlen_q, seqlen_k, diag, window, CAUSAL, WINDOW),
+                           p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, cu_seqlens_q, cu_seqlens_k,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_gb, stride_gs, stride_gh, stride_gd,
+    stride_dkb, stride_dks, stride_dkh, stride_dkd,
+    stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+    stride_lb, stride_lh,
+    heads_kv, group, seqlen_q_dense, seqlen_k_dense, window, qk_scale, sm_scale,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_kv
+    kvh = pid_bh % heads_kv
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q, b, seqlen_q_dense, VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k, b, seqlen_k_dense, VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= seqlen_k:
+        return
+    diag = seqlen_k - seqlen_q
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_dqk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    key_ok = offs_n < seqlen_k
+    k_rows = (k_start + offs_n).to(tl.int64)
+    q_rows = (q_start + offs_m).to(tl.int64)
+    bq = b.to(tl.int64)
+
+    k = _load_tile(K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd,
+                   key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, True)
+    v = _load_tile(V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
+                   key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _visible_range(n0, n0 + BLOCK_N - 1, seqlen_q, diag, window, BLOCK_M, CAUSAL, WINDOW,
+                                              False)
+    # A key block cut by the sequence's end runs its padding keys (k = v = 0) unmasked through the fully
+    # visible query blocks: their dK/dV rows are garbage, but rows are independent and those are never stored.
+    for h in range(kvh * group, kvh * group + group):  # the q heads that read this kv head
+        q_ptrs = Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+        do_ptrs = DO + bq * stride_gb + h * stride_gh + q_rows[:, None] * stride_gs + offs_dv[None, :] * stride_gd
+        lse_ptrs = LSE + bq * stride_lb + h * stride_lh + q_rows
+        delta_ptrs = DELTA + bq * stride_lb + h * stride_lh + q_rows
+        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qs, stride_gs,
+                                offs_m, offs_n, offs_dqk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window,
+                                qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qs, stride_gs,
+                                offs_m, offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window,
+                                qk_scale, False, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qs, stride_gs,
+                                offs_m, offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window,
+                                qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+
+    _store_tile(DK + bq * stride_dkb + kvh * stride_dkh + k_rows[:, None] * stride_dks + offs_dqk[None, :] * stride_dkd,
+                dk * sm_scale, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
+    _store_tile(DV + bq * stride_dvb + kvh * stride_dvh + k_rows[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd,
+                dv, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV)
+
+
+@triton.jit
+def _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_dqk, offs_dv,
+                  lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
+                  BLOCK_DV: tl.constexpr):
+    """dQ += dS K over key blocks lo..hi."""
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + offs_n
+        key_ok = cols < seqlen_k
+        k = _load_tile(k_ptrs + n0 * stride_kn, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED)
+        v = _load_tile(v_ptrs + n0 * stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if MASKED:
+            p = tl.where(_visible(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, diag, window, CAUSAL, WINDOW),
+                         p, 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, cu_seqlens_q, cu_seqlens_k,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_gb, stride_gs, stride_gh, stride_gd,
+    stride_dqb, stride_dqs, stride_dqh, stride_dqd,
+    stride_lb, stride_lh,
+    heads_q, group, seqlen_q_dense, seqlen_k_dense, window, qk_scale, sm_scale,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+):
+    pid_m = _query_block(CAUSAL)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q, b, seqlen_q_dense, VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k, b, seqlen_k_dense, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dqk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < seqlen_q
+    q_rows = (q_start + offs_m).to(tl.int64)
+    k_rows = (k_start + offs_n).to(tl.int64)
+    bq = b.to(tl.int64)
+    kvh = h // group
+
+    q = _load_tile(Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd,
+                   row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, True)
+    do = _load_tile(DO + bq * stride_gb + h * stride_gh + q_rows[:, None] * stride_gs + offs_dv[None, :] * stride_gd,
+                    row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, True)
+    # Rows past the end load LSE 0 and delta 0: finite, and their dQ is never stored.
+    lse = tl.load(LSE + bq * stride_lb + h * stride_lh + q_rows, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + bq * stride_lb + h * stride_lh + q_rows, mask=row_ok, other=0.0)
+    k_ptrs = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
+    v_ptrs = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+
+    dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
+    # Padding rows of a query block cut by the sequence's end need no mask either: with q = dO = 0 and
+    # LSE = delta = 0 their dS is 0, and their dQ rows are never stored.
+    lo, full_lo, full_hi, hi = _visible_range(m0, m0 + BLOCK_M - 1, seqlen_k, diag, window, BLOCK_N, CAUSAL, WINDOW,
+                                              True)
+    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk, offs_dv,
+                       lo, full_lo, seqlen_q, seqlen_k, diag, window, qk_scale,
+                       True, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk, offs_dv,
+                       full_lo, full_hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                       False, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk, offs_dv,
+                       full_hi, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                       True, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    _store_tile(DQ + bq * stride_dqb + h * stride_dqh + q_rows[:, None] * stride_dqs + offs_dqk[None, :] * stride_dqd,
+                dq * sm_scale, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
+
+
+# --- launchers ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the launchers need to know about a validated problem. Packed problems carry their
+    cu_seqlens (device tensors, never read here) and the caller's max_seqlen as seqlen_q / seqlen_k."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim_qk: int
+    head_dim_v: int
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    def out_shape(self, rows: int) -> tuple[int, ...]:
+        """out's shape: [B, Sq, Hq, Dv], or [total_q, Hq, Dv] packed (rows = total_q)."""
+        if self.packed:
+            return (rows, self.heads_q, self.head_dim_v)
+        return (self.batch, self.seqlen_q, self.heads_q, self.head_dim_v)
+
+    def lse_shape(self, rows: int) -> tuple[int, ...]:
+        """The LSE's shape: [B, Hq, Sq], or [Hq, total_q] packed."""
+        return (self.heads_q, rows) if self.packed else (self.batch, self.heads_q, self.seqlen_q)
+
+
+def _strides(t: torch.Tensor, shape: AttentionShape) -> tuple[int, ...]:
+    """(batch, sequence, head, dim) strides; a packed tensor has no batch dim: its batch stride is 0,
+    each sequence's offset comes from cu_seqlens."""
+    return (0, *t.stride()) if shape.packed else tuple(t.stride())
+
+
+def _lse_strides(lse: torch.Tensor, shape: AttentionShape) -> tuple[int, int]:
+    """(batch, head) strides of an LSE-shaped tensor; rows are contiguous."""
+    return (0, lse.stride(0)) if shape.packed else (lse.stride(0), lse.stride(1))
+
+
+def _common(shape: AttentionShape, causal: bool, window: int | None) -> dict[str, object]:
+    """Arguments every kernel takes: head dims, their padded widths and the constexpr switches."""
+    return {
+        "HEAD_DIM_QK": shape.head_dim_qk, "HEAD_DIM_V": shape.head_dim_v,
+        "BLOCK_DQK": triton.next_power_of_2(shape.head_dim_qk), "BLOCK_DV": triton.next_power_of_2(shape.head_dim_v),
+        "VARLEN": shape.packed, "CAUSAL": causal, "WINDOW": window is not None,
+    }
+
+
+def _cu(shape: AttentionShape, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cu_seqlens pointers; dense problems pass q (never read: VARLEN is off)."""
+    return (shape.cu_seqlens_q, shape.cu_seqlens_k) if shape.packed else (q, q)
+
+
+def _launch(cfg: AttentionConfig) -> dict[str, int]:
+    return {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def forward_into(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    shape: AttentionShape, causal: bool, scale: float, window: int | None,
+) -> None:
+    """Write softmax(q k^T * scale) v into out and its natural-log LSE into lse (fp32)."""
+    cfg = config_for("fwd", shape.head_dim_qk, shape.head_dim_v)
+    grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
+    if grid[0] * grid[1] == 0:
+        return
+    _fwd_kernel[grid](
+        q, k, v, out, lse, *_cu(shape, q),
+        *_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(out, shape),
+        *_lse_strides(lse, shape),
+        shape.heads_q, shape.group, shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E,
+        **_common(shape, causal, window), **_launch(cfg),
+    )
+
+
+def backward_into(
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    shape: AttentionShape, causal: bool, scale: float, window: int | None,
+) -> None:
+    """Write the gradients of q, k and v into dq, dk and dv (shaped like q, k, v)."""
+    common = _common(shape, causal, window)
+    cu_q, cu_k = _cu(shape, q)
+    scalars = (shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E, scale)
+    delta = torch.empty_like(lse)
+    pre_grid = (cdiv(shape.seqlen_q, PREPROCESS_BLOCK_M), shape.batch * shape.heads_q)
+    if pre_grid[0] * pre_grid[1] > 0:
+        _bwd_preprocess_kernel[pre_grid](
+            out, grad_out, delta, cu_q, *_strides(out, shape), *_strides(grad_out, shape), *_lse_strides(lse, shape),
+            shape.heads_q, shape.seqlen_q,
+            HEAD_DIM_V=shape.head_dim_v, BLOCK_DV=common["BLOCK_DV"], BLOCK_M=PREPROCESS_BLOCK_M,
+            VARLEN=shape.packed,
+        )
+    tensors = (q, k, v, grad_out, lse, delta)
+    strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
+
+    cfg = config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
+    grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
+    if grid[0] * grid[1] > 0:
+        _bwd_dkdv_kernel[grid](
+            *tensors, dk, dv, cu_q, cu_k, *strides, *_strides(dk, shape), *_strides(dv, shape),
+            *_lse_strides(lse, shape), shape.heads_kv, shape.group, *scalars, **common, **_launch(cfg),
+        )
+    cfg = config_for("bwd_q", shape.head_dim_qk, shape.head_dim_v)
+    grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
+    if grid[0] * grid[1] > 0:
+        _bwd_dq_kernel[grid](
+            *tensors, dq, cu_q, cu_k, *strides, *_strides(dq, shape),
+            *_lse_strides(lse, shape), shape.heads_q, shape.group, *scalars, **common, **_launch(cfg),
+        )
+
+
+class AttentionFunction(torch.autograd.Function):
+    """attention with autograd: saves q, k, v, out and the LSE; the backward runs the three passes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, shape, causal, scale, window):
+        out = q.new_empty(shape.out_shape(q.shape[0]))
+        lse = torch.empty(shape.lse_shape(q.shape[0]), device=q.device, dtype=torch.float32)
+        forward_into(q, k, v, out, lse, shape, causal, scale, window)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (shape, causal, scale, window)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        backward_into(grad_out.to(q.dtype), q, k, v, out, lse, dq, dk, dv, *ctx.args)
+        return dq, dk, dv, None, None, None, None

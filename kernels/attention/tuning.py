@@ -1,0 +1,83 @@
+"""attention: the tunable space and the tuned table ((pass, head dim) bucket -> launch config).
+
+The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
+A bucket is a pass (`fwd`, `bwd_kv`: dK/dV per K/V block, `bwd_q`: dQ per Q block) and the padded
+head dim (the larger of the q/k and v head dims, rounded up to a power of two: MLA's 192/128 runs
+in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass. HEAD_DIM is no knob
+(the search never moves it): it tells `fits` the bucket's head dim.
+
+Starting points (not yet measured here): the Triton fused-attention tutorial's Hopper choices:
+a 128x64 forward tile with 3 stages; narrow query blocks (32) against wide key blocks for dK/dV,
+the transpose for dQ; smaller tiles and fewer stages at d256, where registers and shared memory run out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kernels.common.device import SHARED_MEMORY_BYTES
+
+TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128),
+    "BLOCK_N": (16, 32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3, 4, 5),
+}
+
+TUNED_TABLE: dict[str, dict[str, int]] = {
+    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "HEAD_DIM": 64},
+    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
+    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
+    "bwd_kv-d64": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 64},
+    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
+    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
+    "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "HEAD_DIM": 64},
+    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
+    "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
+}
+
+PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+
+def padded_head_dim(head_dim_qk: int, head_dim_v: int) -> int:
+    """The register width of the widest operand: the head dims' max, rounded up to a power of two."""
+    return 1 << (max(head_dim_qk, head_dim_v) - 1).bit_length()
+
+
+def bucket(pass_: str, head_dim_qk: int, head_dim_v: int) -> str:
+    return f"{pass_}-d{padded_head_dim(head_dim_qk, head_dim_v)}"
+
+
+def config_for(pass_: str, head_dim_qk: int, head_dim_v: int) -> AttentionConfig:
+    """The table's config of a pass at these head dims, refused if a knob lies outside the tunable space."""
+    name = bucket(pass_, head_dim_qk, head_dim_v)
+    cfg = TUNED_TABLE[name]
+    for knob, allowed in TUNABLE_SPACE.items():
+        if cfg.get(knob) not in allowed:
+            raise ValueError(f"tuned table {name}: {knob}={cfg.get(knob)} is outside the tunable space {allowed}")
+    return AttentionConfig(**{knob: cfg[knob] for knob in TUNABLE_SPACE})
+
+
+def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
+    """Buckets an attention step of these dims uses: the forward and both backward passes."""
+    d, dv = dims["D"], dims.get("Dv", dims["D"])
+    return {bucket(pass_, d, dv) for pass_ in PASSES}
+
+
+def fits(cfg: Mapping[str, int]) -> bool:
+    """Whether a config's tiles fit a Hopper SM's shared memory (the search skips the rest), estimated as a
+    query and a key tile per pipeline stage plus one more of each for the tiles a program keeps (q, or k
+    and v), each as wide as the bucket's head dim, 16-bit elements. Triton 3.6's allocation for the table's
+    d128 / d256 configs (sm_90, compiled without a GPU): 112-160 KiB, under this estimate; a config past
+    the real limit fails to compile, and its round fails with it."""
+    tiles = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * (cfg["num_stages"] + 1)
+    return tiles * cfg["HEAD_DIM"] * 2 <= SHARED_MEMORY_BYTES

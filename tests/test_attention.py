@@ -1,0 +1,343 @@
+"""attention: forward and backward against float64 (dense, GQA/MQA, causal bottom-right, window, every head
+dim, odd and unequal lengths, packed sequences with empty and one-token ones), poisoned buffers, bad
+input, the tuned table, the OpSpec's bench; on a GPU, bf16 and CUDA-graph replay."""
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from harness.quick_test_bench import run_bench
+from harness.registry import get_spec
+from harness.schema import get_schema
+from harness.shapes import Shape, load_shapes, preset_names
+from harness.snr import snr_db, snr_threshold
+from kernels.attention import (
+    attention,
+    attention_backward,
+    attention_forward,
+    attention_varlen,
+    dense_shape,
+    packed_shape,
+)
+from kernels.attention.tuning import PASSES, TUNED_TABLE, buckets_for, config_for, fits
+from kernels.common.dtypes import dtype_name
+from tests.graph_replay import replay_and_eager
+
+
+def reference(q, k, v, grad_out, causal, window=None, scale=None):
+    """out, dq, dk, dv in float64 through autograd, with flash-attn's masks built independently of the op:
+    query i of Sq sees key j of Sk iff j <= i + Sk - Sq (causal) and j >= i + Sk - Sq - window."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    (_, Sq, Hq, D), (Sk, Hkv) = q.shape, k.shape[1:3]
+    kx, vx = (t.repeat_interleave(Hq // Hkv, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kx) * (scale or 1.0 / math.sqrt(D))
+    i = torch.arange(Sq, device=q.device)[:, None] + Sk - Sq
+    j = torch.arange(Sk, device=q.device)[None, :]
+    seen = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        seen &= j >= i - window
+    p = torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1).nan_to_num(0.0)  # rows that see nothing give 0
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vx)
+    out.backward(grad_out.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def make(B, Sq, Sk, Hq, Hkv, D, Dv, dtype, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, Sq, Hq, D, generator=gen, device=device, dtype=dtype)
+    k = torch.randn(B, Sk, Hkv, D, generator=gen, device=device, dtype=dtype)
+    v = torch.randn(B, Sk, Hkv, Dv, generator=gen, device=device, dtype=dtype)
+    g = torch.randn(B, Sq, Hq, Dv, generator=gen, device=device, dtype=dtype)
+    return q, k, v, g
+
+
+def autograd_run(q, k, v, g, **options):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, **options)
+    out.backward(g)
+    return out, q.grad, k.grad, v.grad
+
+
+def assert_close(got, want, dtype):
+    floor = snr_threshold(dtype_name(dtype))
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        assert x.shape == r.shape, name
+        assert snr_db(x, r) >= floor, (name, snr_db(x, r))
+
+
+# (B, Sq, Sk, Hq, Hkv, D, Dv, causal, window): lengths none a block multiple; the first rows of a causal
+# Sq > Sk problem see no key; windows narrower and wider than a block.
+DENSE_CASES = {
+    "mha-d64-s77": (1, 77, 77, 2, 2, 64, 64, False, None),
+    "gqa-causal-d64-s150": (2, 150, 150, 4, 2, 64, 64, True, None),
+    "mqa-causal-d128-q45-k80": (1, 45, 80, 4, 1, 128, 128, True, None),
+    "causal-q100-k37-empty-rows": (1, 100, 37, 2, 1, 64, 64, True, None),
+    "noncausal-q33-k150-d128": (1, 33, 150, 2, 2, 128, 128, False, None),
+    "causal-d256-s50": (1, 50, 50, 2, 1, 256, 256, True, None),
+    "mla-causal-d192-v128-s61": (1, 61, 61, 2, 2, 192, 128, True, None),
+    "mla-noncausal-d192-v128-s40": (1, 40, 70, 2, 1, 192, 128, False, None),
+    "window16-gqa-s150": (1, 150, 150, 4, 2, 64, 64, True, 16),
+    "window1-two-keys": (1, 40, 40, 2, 1, 64, 64, True, 1),
+    "window100-q60-k130": (1, 60, 130, 2, 2, 64, 64, True, 100),
+}
+
+
+@pytest.mark.parametrize("case", DENSE_CASES.values(), ids=DENSE_CASES.keys())
+def test_dense_forward_and_backward_match_float64(case, device, half_dtype):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
+    got = autograd_run(q, k, v, g, causal=causal, window=window)
+    assert got[0].dtype == half_dtype and got[0].shape == (B, Sq, Hq, Dv)
+    assert_close(got, reference(q, k, v, g, causal, window), half_dtype)
+
+
+def test_strided_views_of_a_fused_qkv(device, half_dtype):
+    """q, k, v as head slices of one fused QKV projection output (rows strided by all heads), as models
+    hand them over: no copies needed."""
+    qkv, g = (torch.randn(2, 67, n, 64, device=device, dtype=half_dtype) for n in (4 + 2 * 2, 4))
+    q, k, v = qkv[:, :, :4], qkv[:, :, 4:6], qkv[:, :, 6:]
+    assert not q.is_contiguous()
+    assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
+
+
+@pytest.mark.parametrize("tiles", [(16, 32), (32, 16), (64, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_other_tilings_of_the_search_space(tiles, device, half_dtype, monkeypatch):
+    """The masked / fully-visible block split holds for query blocks narrower and wider than key blocks
+    (the search moves BLOCK_M and BLOCK_N of every pass): a causal window with Sq != Sk, and packed."""
+    for name in TUNED_TABLE:
+        monkeypatch.setitem(TUNED_TABLE, name, TUNED_TABLE[name] | {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
+    q, k, v, g = make(1, 70, 99, 4, 2, 64, 64, half_dtype, device)
+    assert_close(autograd_run(q, k, v, g, causal=True, window=40), reference(q, k, v, g, True, 40), half_dtype)
+    lens = (0, 1, 45, 20)
+    q, k, v, g, cu, _ = packed(lens, lens, 2, 1, 64, 64, half_dtype, device)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention_varlen(q, k, v, cu, cu, 45, 45, causal=True)
+    out.backward(g)
+    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+
+
+def test_softmax_scale_and_fully_masked_rows(device, half_dtype):
+    """A given scale is used; queries that see no key (causal, Sq > Sk) get out 0, LSE +inf, dq 0."""
+    q, k, v, g = make(1, 20, 5, 2, 1, 64, 64, half_dtype, device)
+    got = autograd_run(q, k, v, g, causal=True, softmax_scale=0.3)
+    assert_close(got, reference(q, k, v, g, True, scale=0.3), half_dtype)
+    out, lse = attention_forward(q, k, v, dense_shape(q, k, v), causal=True, softmax_scale=0.3)
+    assert torch.equal(out[:, :15], torch.zeros_like(out[:, :15])) and torch.isinf(lse[..., :15]).all()
+    assert torch.isfinite(lse[..., 15:]).all() and torch.equal(got[1][:, :15], torch.zeros_like(got[1][:, :15]))
+
+
+def test_backward_is_deterministic(device, half_dtype):
+    """dQ has its own pass and dK/dV sum a kv head's q heads in registers: no atomics, the same bits twice."""
+    q, k, v, g = make(1, 90, 90, 4, 1, 64, 64, half_dtype, device)
+    first, second = (autograd_run(q, k, v, g, causal=True) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def packed(lens_q, lens_k, Hq, Hkv, D, Dv, dtype, device, seed=1):
+    q, k, v, g = make(1, sum(lens_q), sum(lens_k), Hq, Hkv, D, Dv, dtype, device, seed)
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    return q[0], k[0], v[0], g[0], cu(lens_q), cu(lens_k)
+
+
+def packed_reference(q, k, v, g, lens_q, lens_k, causal, window):
+    """Each sequence through the dense reference on its own, concatenated."""
+    parts, q0, k0 = [], 0, 0
+    for nq, nk in zip(lens_q, lens_k, strict=True):
+        parts.append(reference(*(t[None, s0:s0 + n] for t, s0, n in ((q, q0, nq), (k, k0, nk), (v, k0, nk),
+                                                                       (g, q0, nq))), causal, window))
+        q0, k0 = q0 + nq, k0 + nk
+    return [torch.cat([p[i][0] for p in parts]) for i in range(4)]
+
+
+# (lens_q, lens_k, Hq, Hkv, causal, window): empty and one-token sequences, a query-only and a key-only one.
+PACKED_CASES = {
+    "causal-gqa-empty-one-token": ((0, 1, 70, 29, 130), (0, 1, 70, 29, 130), 4, 2, True, None),
+    "noncausal": ((3, 0, 64, 17), (3, 0, 64, 17), 2, 2, False, None),
+    "causal-unequal-q-k": ((5, 0, 40, 2, 0), (9, 3, 40, 0, 4), 2, 1, True, None),
+    "window8": ((1, 100, 33), (1, 100, 33), 2, 1, True, 8),
+}
+
+
+@pytest.mark.parametrize("case", PACKED_CASES.values(), ids=PACKED_CASES.keys())
+def test_varlen_matches_each_sequence_alone(case, device, half_dtype):
+    lens_q, lens_k, Hq, Hkv, causal, window = case
+    q, k, v, g, cu_q, cu_k = packed(lens_q, lens_k, Hq, Hkv, 64, 64, half_dtype, device)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    # max_seqlen larger than the longest sequence: the extra programs exit early.
+    out = attention_varlen(q, k, v, cu_q, cu_k, max(lens_q) + 40, max(lens_k) + 7, causal=causal, window=window)
+    out.backward(g)
+    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens_q, lens_k, causal, window),
+                 half_dtype)
+
+
+def test_every_output_element_is_written_into_poisoned_buffers(device, half_dtype):
+    """Forward and backward entry points into NaN-filled buffers, dense (MLA head dims) and packed."""
+    q, k, v, g = make(2, 70, 70, 4, 2, 192, 128, half_dtype, device)
+    shape = dense_shape(q, k, v)
+    out, lse = torch.full_like(g, math.nan), torch.full((2, 4, 70), math.nan, device=device)
+    grads = [torch.full_like(t, math.nan) for t in (q, k, v)]
+    attention_forward(q, k, v, shape, causal=True, out=out, lse=lse)
+    attention_backward(g, q, k, v, out, lse, shape, causal=True, dq=grads[0], dk=grads[1], dv=grads[2])
+    assert_close((out, *grads), reference(q, k, v, g, True), half_dtype)
+
+    lens = (0, 1, 70, 29)
+    q, k, v, g, cu, _ = packed(lens, lens, 2, 1, 64, 64, half_dtype, device)
+    shape = packed_shape(q, k, v, cu, cu, 70, 70)
+    out, lse = torch.full_like(g, math.nan), torch.full((2, sum(lens)), math.nan, device=device)
+    grads = [torch.full_like(t, math.nan) for t in (q, k, v)]
+    attention_forward(q, k, v, shape, causal=True, out=out, lse=lse)
+    attention_backward(g, q, k, v, out, lse, shape, causal=True, dq=grads[0], dk=grads[1], dv=grads[2])
+    assert_close((out, *grads), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+
+
+def _bad(device, what):
+    """Inputs broken in one way each; the rest valid (q [1, 8, 4, 64], k/v [1, 8, 2, 64])."""
+    q, k, v, _ = make(1, 8, 8, 4, 2, 64, 64, torch.float16, device)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    call = {"q": q, "k": k, "v": v}
+    if what == "head dims differ":
+        call["k"] = torch.randn(1, 8, 2, 128, device=device).half()
+    elif what == "heads not a multiple":
+        call["k"] = call["v"] = torch.randn(1, 8, 3, 64, device=device).half()
+    elif what == "fp32":
+        call = {n: t.float() for n, t in call.items()}
+    elif what == "mixed dtypes":
+        call["v"] = v.bfloat16()
+    elif what == "rank":
+        call["q"] = q[0]
+    elif what == "batch":
+        call["q"] = torch.cat([q, q])
+    elif what == "head dim 32":
+        call = {n: t[..., :32] for n, t in call.items()}
+    elif what == "kv lengths":
+        call["v"] = v[:, :5]
+    elif what == "window without causal":
+        return lambda: attention(q, k, v, window=4)
+    elif what == "negative window":
+        return lambda: attention(q, k, v, causal=True, window=-1)
+    elif what.startswith("cu_seqlens"):
+        bad_cu = {"cu_seqlens int64": cu.long(), "cu_seqlens 2-D": cu[None],
+                  "cu_seqlens lengths differ": torch.tensor([0, 4, 8], dtype=torch.int32, device=device)}[what]
+        return lambda: attention_varlen(q[0], k[0], v[0], cu, bad_cu, 8, 8)
+    elif what == "max_seqlen not an int":
+        return lambda: attention_varlen(q[0], k[0], v[0], cu, cu, torch.tensor(8), 8)
+    return lambda: attention(**call)
+
+
+@pytest.mark.parametrize(("what", "match"), [
+    ("head dims differ", "head dims of q and k differ"),
+    ("heads not a multiple", r"q heads \(4\) must be a multiple of k/v heads \(3\)"),
+    ("fp32", "bf16 or fp16"),
+    ("mixed dtypes", "bf16 or fp16"),
+    ("rank", "q must be 4-D"),
+    ("batch", "batch sizes of q and k differ"),
+    ("head dim 32", "unsupported q/k head dim 32"),
+    ("kv lengths", "k and v disagree"),
+    ("window without causal", "needs causal=True"),
+    ("negative window", "non-negative"),
+    ("cu_seqlens int64", "cu_seqlens_k must be a 1-D int32"),
+    ("cu_seqlens 2-D", "cu_seqlens_k must be a 1-D int32"),
+    ("cu_seqlens lengths differ", "same length"),
+    ("max_seqlen not an int", "max_seqlen_q must be a non-negative int"),
+])
+def test_bad_input_gets_a_one_line_value_error(what, match, device):
+    with pytest.raises(ValueError, match=match) as err:
+        _bad(device, what)()
+    assert "\n" not in str(err.value) and str(err.value).startswith("attention: ")
+
+
+def test_tuned_table_lies_in_the_tunable_space_and_fits():
+    for d in (64, 128, 192, 256):
+        for pass_ in PASSES:
+            config_for(pass_, d, 128 if d == 192 else d)  # raises if a knob lies outside the space
+    assert all(fits(cfg) for cfg in TUNED_TABLE.values())
+    assert buckets_for({"D": 192, "Dv": 128}) == {"fwd-d256", "bwd_kv-d256", "bwd_q-d256"}
+    assert buckets_for({"D": 64}) == {"fwd-d64", "bwd_kv-d64", "bwd_q-d64"}
+
+
+def test_attention_shapes_presets_and_schema():
+    """Packed shapes carry their mean length in Sq and Sk; causal and window default to 0 in the CSV; every
+    preset loads with unique labels."""
+    dims = {"B": 3, "Hq": 2, "Hkv": 1, "Sq": 3, "Sk": 3, "D": 64, "Dv": 64, "causal": 1}
+    assert Shape(label="p", dims=dims, group_lens=(0, 1, 10)).group_lens == (0, 1, 10)
+    with pytest.raises(ValidationError, match="Sk must be the mean of group_lens"):
+        Shape(label="p", dims=dims | {"Sk": 4}, group_lens=(0, 1, 10))
+    resolved = get_schema("attention").resolve_dims({k: v for k, v in dims.items() if k != "causal"}, "t")
+    assert (resolved["causal"], resolved["window"]) == (0, 0)
+    for preset in preset_names("attention"):
+        labels = [s.label for s in load_shapes("attention", preset)]
+        assert len(labels) == len(set(labels)) > 0, preset
+
+
+def test_smoke_bench_passes_every_check():
+    """The OpSpec end to end under the harness's full checks: packed (with the harness's extra hot and
+    empty splits), windowed and MLA shapes of the smoke preset."""
+    shapes = [s for s in load_shapes("attention", "smoke") if "packed" in s.label or "window" in s.label
+              or "mla" in s.label]
+    run = run_bench(get_spec("attention"), shapes, shapes_source="smoke", repeats=1, warmup=0)
+    assert run.all_pass, [(r.shape.label, r.snrs, r.error) for r in run.ours]
+    assert len(run.ours) == 3
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    (2, 1000, 1000, 8, 2, 128, 128, False, None),
+    (2, 1000, 1000, 8, 2, 128, 128, True, None),
+    (1, 777, 1500, 4, 4, 64, 64, True, None),
+    (1, 2048, 2048, 8, 1, 64, 64, True, 128),
+    (1, 513, 513, 4, 4, 256, 256, True, None),
+    (1, 600, 600, 4, 4, 192, 128, True, None),
+], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500", "window128-mqa", "d256", "mla"])
+def test_bf16_on_gpu(case):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, torch.bfloat16, "cuda")
+    got = autograd_run(q, k, v, g, causal=causal, window=window)
+    assert_close(got, reference(q, k, v, g, causal, window), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_varlen_bf16_on_gpu():
+    lens = (0, 1, 1000, 37, 2500)
+    q, k, v, g, cu, _ = packed(lens, lens, 8, 2, 128, 128, torch.bfloat16, "cuda")
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    out.backward(g)
+    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed_step", [False, True], ids=["dense", "packed"])
+def test_causal_gqa_step_under_cuda_graph_replay_equals_eager(packed_step):
+    """fwd + bwd captured once, replayed on new values: what eager mode computes, and right. The packed step
+    reads cu_seqlens on the device only (a host read would fail the capture)."""
+    lens = (300, 0, 1, 700)
+    if packed_step:
+        q, k, v, g, cu, _ = packed(lens, lens, 8, 2, 128, 128, torch.bfloat16, "cuda")
+    else:
+        q, k, v, g = make(2, 513, 513, 8, 2, 128, 128, torch.bfloat16, "cuda")
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        if packed_step:
+            out = attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+        else:
+            out = attention(q, k, v, causal=True)
+        out.backward(g)
+        return out, q.grad, k.grad, v.grad
+
+    replayed, eager = replay_and_eager(step, (q, k, v))
+    want = packed_reference(q, k, v, g, lens, lens, True, None) if packed_step else reference(q, k, v, g, True)
+    for got, eager_t in zip(replayed, eager, strict=True):
+        assert torch.equal(got, eager_t)
+    assert_close(replayed, want, torch.bfloat16)
