@@ -4,6 +4,7 @@
 # the same loop without accumulation. Parts, any of them (default: moe passes tests):
 #   moe     MoE microbatches, 8 per optimizer step (torchao too), and the plain step       ~3 min
 #   dense   Linear microbatches, 8 per optimizer step, llama3-8b and llama3-70b            ~4 min
+#           (DENSE_VARIANTS="e4m3-rowwise" to run fewer variants)
 #   passes  each DeepSeek-V3 grouped pass with its quantization (forward also prequantized) ~1.5 min
 #   tests   the FP8 ops' tests on the GPU (bf16), main_grad included                        ~2 min
 # Carry .whl (torchao 0.18 and its needs: ../shared/tools/gpu-wheels.sh torchao==0.18.0). Results
@@ -22,7 +23,8 @@ fi
 if [[ $parts == *" dense "* ]]; then
   for preset in llama3-8b llama3-70b; do
     timeout 130 python3 training_step.py --suite dense --shapes $preset --accumulate 8 --steps 2 --no-torchao \
-      --variants e4m3-rowwise e4m3-blockwise --csv "$WORK/dense_acc8_$preset.csv" > "$WORK/dense_acc8_$preset.log" 2>&1
+      --variants ${DENSE_VARIANTS:-e4m3-rowwise e4m3-blockwise} --csv "$WORK/dense_acc8_$preset.csv" \
+      > "$WORK/dense_acc8_$preset.log" 2>&1
     tail -8 "$WORK/dense_acc8_$preset.log"
   done
 fi

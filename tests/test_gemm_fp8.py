@@ -219,8 +219,8 @@ def test_a_foreign_weight_copy_is_refused(device):
 
 @pytest.mark.parametrize("gran", list(Granularity), ids=lambda g: g.value)
 @pytest.mark.parametrize("trans_b", [True, False])
-# K 136: the wgrad's output meets TMA's rules (the TMA kernel); K 37 with trans_b: its [N, K] rows are
-# 74 bytes, not a multiple of 16 (the pointer kernel).
+# K 136: the accumulating wgrad's operands and output meet TMA's rules (loads through descriptors);
+# K 37 with trans_b: its [N, K] rows are 74 bytes, not a multiple of 16 (pointer loads).
 @pytest.mark.parametrize(("K", "buffer_dtype"), [(136, "fp32"), (136, "w's dtype"), (37, "w's dtype")])
 def test_the_wgrad_accumulates_into_main_grad(gran, trans_b, K, buffer_dtype, device, half_dtype):
     """Two microbatches (odd token counts) adding their weight gradients into a main_grad that holds an

@@ -30,9 +30,9 @@ SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @triton.jit
 def _matmul_tma_kernel(
-    a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr,
+    a_desc, b_desc, c_desc, sa_ptr, sb_ptr,
     M, N, K,
-    stride_cm, stride_sam, stride_sak, stride_sbn, stride_sbk,
+    stride_sam, stride_sak, stride_sbn, stride_sbk,
     A_K_MAJOR: tl.constexpr,
     B_K_MAJOR: tl.constexpr,
     SCALE: tl.constexpr,
@@ -43,12 +43,8 @@ def _matmul_tma_kernel(
     GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
 ):
-    """A K-major is stored [M, K] (else [K, M]); B K-major is stored [N, K] (else [K, N]). ACCUMULATE:
-    C += the product (gradient accumulation into a main_grad buffer, summed in fp32), C read through
-    c_ptr: a descriptor load would stage the tile in shared memory, which the mainloop's stages and
-    the store's tile already fill."""
+    """A K-major is stored [M, K] (else [K, M]); B K-major is stored [N, K] (else [K, N])."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -79,11 +75,6 @@ def _matmul_tma_kernel(
             sa = tl.load(sa_ptr + rows * stride_sam, mask=rows < M, other=0.0)
             sb = tl.load(sb_ptr + (cols // SB_OUT_DIV) * stride_sbn, mask=cols < N, other=0.0)
             acc = acc * sa[:, None] * sb[None, :]
-        if ACCUMULATE:
-            rows_c = row0 + tl.arange(0, BLOCK_M)
-            cols_c = col0 + tl.arange(0, BLOCK_N)
-            c_ptrs = c_ptr + rows_c.to(tl.int64)[:, None] * stride_cm + cols_c[None, :]
-            acc += tl.load(c_ptrs, mask=(rows_c < M)[:, None] & (cols_c < N)[None, :], other=0.0).to(tl.float32)
         c_desc.store([row0, col0], acc.to(c_desc.dtype))
 
 
@@ -135,10 +126,9 @@ def _descriptor(t: torch.Tensor, k_major: bool, rows_block: int, k_block: int) -
 
 def launch_tma(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: TileConfig, scales: Scales | None = None,
-    flatten: bool | None = None, accumulate: bool = False,
+    flatten: bool | None = None,
 ) -> torch.Tensor:
-    """`out = a @ b` (times the scales; `accumulate`: out += it) on the TMA kernel; every tensor must
-    pass `tma_layout`, out row-major.
+    """`out = a @ b` (times the scales) on the TMA kernel; every tensor must pass `tma_layout`, out row-major.
 
     `flatten` merges the tile loop into the K loop, so that the next tile's loads overlap this tile's
     epilogue. By default on, except under per-K-block promotion, where it measured 5-15% slower
@@ -157,13 +147,13 @@ def launch_tma(
         _descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),
         _descriptor(b.t(), b_k_major, cfg.BLOCK_N, cfg.BLOCK_K),
         TensorDescriptor(out, list(out.shape), list(out.stride()), [cfg.BLOCK_M, cfg.BLOCK_N]),
-        out, s.a, s.b,
+        s.a, s.b,
         M, N, K,
-        out.stride(0), *s.a_strides, *s.b_strides[1:],
+        *s.a_strides, *s.b_strides[1:],
         A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major,
         SCALE=SCALE_NONE if scales is None else scales.mode, SB_OUT_DIV=s.b_out_div,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        FLATTEN=not per_k_block if flatten is None else flatten, NUM_PROGRAMS=programs, ACCUMULATE=accumulate,
+        FLATTEN=not per_k_block if flatten is None else flatten, NUM_PROGRAMS=programs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
