@@ -13,15 +13,6 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH=/tmp/site:$PWD
 fi
 
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $WORK/NAME.log, print its tail
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
-  local rc=$?
-  echo "=== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
-  tail -n 30 "$WORK/$name.log"
-}
 
 bench() {  # bench NAME SECONDS SHAPES: our kernel and the baselines, one CSV each
   step "bench-$1" "$2" python3 -m harness bench --op attention --shapes "$3" --compare-baselines \

@@ -1,5 +1,7 @@
 # Sourced by scripts/gpu_*.sh, one device call each: logs and CSVs go to $WORK, packed into
 # $OUT/results.tgz on exit (the device returns few files); the GPU and software versions come first.
+# `step` runs one part of a call under its own time limit, so a part that fails or hangs does not
+# stop the next.
 set -uo pipefail
 OUT=${OUT:-/tmp/turbo-opt-out}
 WORK=$(mktemp -d)
@@ -9,3 +11,13 @@ trap 'tar czf "$OUT/results.tgz" -C "$WORK" .' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
   | tee "$WORK/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$WORK/gpu.txt"
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $WORK/NAME.log, print its tail
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
+  tail -n 40 "$WORK/$name.log"
+}

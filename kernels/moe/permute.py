@@ -1,0 +1,491 @@
+"""Token permute / unpermute for MoE layers: kernels, launchers and autograd Functions as one story.
+
+    from kernels.moe import permute, unpermute
+    p = permute(tokens, expert_ids, probs, num_experts=E, pad_to=128)   # tokens sorted by expert
+    h = grouped_gemm_fp8(p.permuted, w, p.group_lens)                    # the expert GEMMs
+    out = unpermute(h, p.row_map, probs)                                 # sum_k probs[t, k] * h[row(t, k)]
+
+Routing on the GPU, no host sync (CUDA-graph safe, nothing specialized on the routing):
+1. `_rank_kernel`: per block of (token, k) pairs in flat order t*topk + k, each pair's rank among the
+   block's earlier pairs of its expert, and the block's count per expert (a one-hot matrix and its
+   cumsum: no atomics, so the order within an expert is the token order).
+2. `_scan_kernel` (one program): the exclusive scan of those counts over blocks per expert, the
+   tokens per expert, their padded sizes (group_lens) and the groups' offsets (group_offs).
+3. `_scatter_rows_kernel`: one program per token computes the rows of its topk copies
+   (group_offs[e] + the block's offset + the rank), writes them to the row map and copies the token:
+   one read of the token, topk writes. More programs of the same launch zero the rows no pair fills
+   (each expert's padding, and the tail past the last group), so a grouped GEMM over the whole
+   capacity reads zeros there.
+
+The output capacity comes from host-known sizes only: T*topk, plus num_experts*(pad_to-1) when
+padded. unpermute (and permute's backward) is `_gather_rows_kernel`, one program per token summing
+its topk rows in fp32; unpermute's backward is the scatter kernel again (probs * grad_out to each row,
+and <grad_out[t], permuted[row]> for the probabilities' gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.device import cdiv, check_same_device
+
+TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ID_DTYPES = (torch.int32, torch.int64)
+PAD_TO = (1, 16, 128)
+# Most (token, k) pairs per program of the rank kernel (see rank_block).
+BLOCK_PAIRS = 1024
+# Elements of one [rows, experts] tile in the rank and scan kernels: 32 registers a thread at 8 warps.
+TILE_ELEMENTS = 8192
+# 16-byte accesses: 8 bf16 a thread, 128 threads a program, over 1024 columns of a row at a time.
+BLOCK_H = 1024
+ROW_WARPS = 4
+ZERO_ROWS = 8  # rows a zeroing program writes at a time
+
+
+# --- kernels ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rank_kernel(ids_ptr, rank_ptr, block_counts_ptr, n_pairs, E,
+                 E_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    """rank[i] = how many earlier pairs of i's block have i's expert; block_counts[block, e] = the
+    block's pairs of expert e. Ids outside [0, E) match no column that is stored: those pairs count
+    nowhere (the scatter kernel drops them)."""
+    block = tl.program_id(0)
+    experts = tl.arange(0, E_PAD)
+    seen = tl.zeros((E_PAD,), dtype=tl.int32)  # pairs of each expert in the chunks before this one
+    for c0 in range(0, BLOCK_PAIRS, CHUNK):
+        pairs = block * BLOCK_PAIRS + c0 + tl.arange(0, CHUNK)
+        mask = pairs < n_pairs
+        e = tl.load(ids_ptr + pairs, mask=mask, other=-1)
+        onehot = (e[:, None] == experts[None, :]).to(tl.int32)
+        before = tl.cumsum(onehot, axis=0) - onehot + seen[None, :]
+        tl.store(rank_ptr + pairs, tl.sum(onehot * before, axis=1), mask=mask)
+        seen += tl.sum(onehot, axis=0)
+    tl.store(block_counts_ptr + block * E + experts, seen, mask=experts < E)
+
+
+@triton.jit
+def _scan_kernel(block_counts_ptr, block_offs_ptr, counts_ptr, lens_ptr, offs_ptr, n_blocks, E, pad_to,
+                 E_PAD: tl.constexpr, BLOCK_B: tl.constexpr):
+    """block_offs[b, e] = pairs of expert e in blocks before b; counts[e] = all of them; lens[e] =
+    counts[e] rounded up to pad_to; offs = [0, cumsum(lens)]. One program: n_blocks is small."""
+    experts = tl.arange(0, E_PAD)
+    e_mask = experts < E
+    total = tl.zeros((E_PAD,), dtype=tl.int32)
+    for b0 in range(0, n_blocks, BLOCK_B):
+        blocks = b0 + tl.arange(0, BLOCK_B)
+        mask = (blocks < n_blocks)[:, None] & e_mask[None, :]
+        ptrs = blocks[:, None] * E + experts[None, :]
+        c = tl.load(block_counts_ptr + ptrs, mask=mask, other=0)
+        tl.store(block_offs_ptr + ptrs, tl.cumsum(c, axis=0) - c + total[None, :], mask=mask)
+        total += tl.sum(c, axis=0)
+    lens = ((total + pad_to - 1) // pad_to * pad_to).to(tl.int64)
+    ends = tl.cumsum(lens, axis=0)
+    tl.store(counts_ptr + experts, total.to(tl.int64), mask=e_mask)
+    tl.store(lens_ptr + experts, lens, mask=e_mask)
+    tl.store(offs_ptr + experts, ends - lens, mask=e_mask)
+    tl.store(offs_ptr + E, tl.sum(lens, axis=0))
+
+
+@triton.jit
+def _scatter_token(
+    t, x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, block_offs_ptr, w_ptr, w_out_ptr, other_ptr, dot_ptr,
+    H, K, E, stride_x, stride_out, stride_other,
+    ROUTE: tl.constexpr, STORE: tl.constexpr, WEIGHT: tl.constexpr, SCATTER_W: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Token t: STORE: out[row(t, k)] = x[t] for each k (times w[t, k] if WEIGHT).
+
+    ROUTE (permute): row(t, k) = offs[e] + block_offs[block, e] + rank[t, k] is computed and written to
+    rows (-1 for an expert id outside [0, E): that pair is dropped). Not in place over the ranks: the
+    warps of a program load the ranks each in its own layout, and one warp's store could land before
+    another's load. Otherwise rows holds row(t, k). SCATTER_W: w_out[row(t, k)] = w[t, k] (permute's
+    probabilities). DOT: dot[t, k] = <x[t], other[row(t, k)]> in fp32 (unpermute's gradient of the
+    probabilities).
+    """
+    t = t.to(tl.int64)
+    ks = tl.arange(0, K_PAD)
+    k_mask = ks < K
+    pairs = t * K + ks
+    if ROUTE:
+        e = tl.load(ids_ptr + pairs, mask=k_mask, other=-1)
+        valid = k_mask & (e >= 0) & (e < E)
+        e = tl.where(valid, e, 0)
+        rank = tl.load(rank_ptr + pairs, mask=valid, other=0)
+        base = tl.load(offs_ptr + e, mask=valid, other=0)
+        row = base + tl.load(block_offs_ptr + (pairs // BLOCK_PAIRS) * E + e, mask=valid, other=0) + rank
+        row = tl.where(valid, row, -1)
+        tl.store(rows_ptr + pairs, row.to(tl.int32), mask=k_mask)
+    else:
+        row = tl.load(rows_ptr + pairs, mask=k_mask, other=-1)
+        valid = row >= 0
+    row = row.to(tl.int64)
+    if WEIGHT or SCATTER_W:
+        w = tl.load(w_ptr + pairs, mask=k_mask, other=0.0)
+    if SCATTER_W:
+        tl.store(w_out_ptr + row, w, mask=valid)
+    dot = tl.zeros((K_PAD,), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        h_mask = cols < H
+        mask = valid[:, None] & h_mask[None, :]
+        x = tl.load(x_ptr + t * stride_x + cols, mask=h_mask, other=0.0)
+        if STORE:
+            if WEIGHT:
+                val = w.to(tl.float32)[:, None] * x.to(tl.float32)[None, :]
+            else:
+                val = tl.broadcast_to(x[None, :], (K_PAD, BLOCK_H))
+            tl.store(out_ptr + row[:, None] * stride_out + cols[None, :], val.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+        if DOT:
+            o = tl.load(other_ptr + row[:, None] * stride_other + cols[None, :], mask=mask, other=0.0)
+            dot += tl.sum(o.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    if DOT:
+        tl.store(dot_ptr + pairs, dot.to(dot_ptr.dtype.element_ty), mask=k_mask)
+
+
+@triton.jit
+def _zero_slack(out_ptr, vec_ptr, counts_ptr, offs_ptr, pid, programs, capacity, H, E, stride_out,
+                HAS_VEC: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Zero the rows no pair fills: program e < E its expert's padding [offs[e] + counts[e], offs[e+1]);
+    the programs after them the tail [offs[E], capacity), in a grid-stride loop (the tail's length
+    depends on the routing; the grid does not)."""
+    tail = pid >= E
+    e = tl.minimum(pid, E)
+    start = tl.load(offs_ptr + e)
+    lo = start + tl.where(tail, (pid - E) * ROWS, tl.load(counts_ptr + tl.minimum(pid, E - 1)))
+    hi = tl.where(tail, capacity, tl.load(offs_ptr + e + 1, mask=pid < E, other=0))
+    step = tl.where(tail, (programs - E) * ROWS, ROWS).to(tl.int64)
+    for r0 in range(lo, hi, step):
+        rows = r0 + tl.arange(0, ROWS)
+        r_mask = rows < hi
+        if HAS_VEC:
+            tl.store(vec_ptr + rows, tl.zeros((ROWS,), dtype=vec_ptr.dtype.element_ty), mask=r_mask)
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+                     tl.zeros((ROWS, BLOCK_H), dtype=out_ptr.dtype.element_ty),
+                     mask=r_mask[:, None] & (cols < H)[None, :])
+
+
+@triton.jit
+def _scatter_rows_kernel(
+    x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, counts_ptr, block_offs_ptr,
+    w_ptr, w_out_ptr, other_ptr, dot_ptr,
+    T, H, K, E, capacity, stride_x, stride_out, stride_other,
+    ROUTE: tl.constexpr, STORE: tl.constexpr, WEIGHT: tl.constexpr, SCATTER_W: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    ZERO_ROWS: tl.constexpr,
+):
+    """Programs [0, T): one token each (_scatter_token). STORE: the programs after them zero the rows of
+    out (and w_out) that no pair fills (_zero_slack), in the same launch."""
+    pid = tl.program_id(0)
+    if pid < T:
+        _scatter_token(pid, x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, block_offs_ptr, w_ptr, w_out_ptr,
+                       other_ptr, dot_ptr, H, K, E, stride_x, stride_out, stride_other,
+                       ROUTE, STORE, WEIGHT, SCATTER_W, DOT, BLOCK_PAIRS, K_PAD, BLOCK_H)
+    else:
+        _zero_slack(out_ptr, w_out_ptr, counts_ptr, offs_ptr, pid - T, tl.num_programs(0) - T, capacity, H, E,
+                    stride_out, SCATTER_W, ZERO_ROWS, BLOCK_H)
+
+
+@triton.jit
+def _gather_rows_kernel(
+    src_ptr, out_ptr, rows_ptr, w_ptr, vec_ptr, vec_out_ptr,
+    H, K, stride_src, stride_out,
+    WEIGHT: tl.constexpr, GATHER_VEC: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Token t = program_id: out[t] = sum_k w[t, k] * src[row(t, k)] in fp32 (w = 1 without WEIGHT);
+    pairs with row -1 add nothing. GATHER_VEC: vec_out[t, k] = vec[row(t, k)] (0 for a dropped pair)."""
+    t = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, K_PAD)
+    k_mask = ks < K
+    pairs = t * K + ks
+    row = tl.load(rows_ptr + pairs, mask=k_mask, other=-1).to(tl.int64)
+    valid = row >= 0
+    if WEIGHT:
+        w = tl.load(w_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+    if GATHER_VEC:
+        v = tl.load(vec_ptr + row, mask=valid, other=0.0)
+        tl.store(vec_out_ptr + pairs, v.to(vec_out_ptr.dtype.element_ty), mask=k_mask)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        h_mask = cols < H
+        src = tl.load(src_ptr + row[:, None] * stride_src + cols[None, :], mask=valid[:, None] & h_mask[None, :],
+                      other=0.0).to(tl.float32)
+        if WEIGHT:
+            src = src * w[:, None]
+        tl.store(out_ptr + t * stride_out + cols, tl.sum(src, axis=0).to(out_ptr.dtype.element_ty), mask=h_mask)
+
+
+# --- launchers ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowMap:
+    """Where each (token, k) pair went: rows [T, topk] int32 (row of `permuted`, -1 for a dropped
+    pair), and the layout of `permuted` that tells its used rows from the zeroed ones: the groups'
+    offsets [E+1], the tokens per expert before padding [E] (int64, on the device), its capacity."""
+
+    rows: torch.Tensor
+    group_offs: torch.Tensor
+    counts: torch.Tensor
+    capacity: int
+
+    @property
+    def slack(self) -> int:
+        """Rows a valid routing leaves unfilled: the padding's upper bound, num_experts * (pad_to - 1)."""
+        return self.capacity - self.rows.numel()
+
+
+def _block_h(H: int) -> int:
+    return min(BLOCK_H, triton.next_power_of_2(max(H, 1)))
+
+
+def rank_block(n_pairs: int) -> int:
+    """Pairs per rank program: ~128 programs or more while that keeps blocks of 256 pairs, up to 1024,
+    so that the single-program scan walks few blocks (256 at 32k tokens x top-8)."""
+    return min(BLOCK_PAIRS, max(256, triton.next_power_of_2(cdiv(n_pairs, 128))))
+
+
+def route_and_scatter(
+    tokens: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor | None, num_experts: int, pad_to: int,
+    permuted: torch.Tensor, permuted_probs: torch.Tensor | None,
+) -> tuple[RowMap, torch.Tensor]:
+    """permute's forward into the given buffers (permuted_probs: None to leave the probabilities
+    behind): returns the row map and group_lens [E] (int64)."""
+    T, K = ids.shape
+    E, device = num_experts, tokens.device
+    n_pairs = T * K
+    block_pairs = rank_block(n_pairs)
+    n_blocks = cdiv(n_pairs, block_pairs)
+    e_pad = triton.next_power_of_2(E)
+    rows = torch.empty((T, K), dtype=torch.int32, device=device)
+    ranks = torch.empty_like(rows)
+    block_counts = torch.empty((n_blocks, E), dtype=torch.int32, device=device)
+    block_offs = torch.empty_like(block_counts)
+    counts = torch.empty(E, dtype=torch.int64, device=device)
+    group_lens = torch.empty(E, dtype=torch.int64, device=device)
+    group_offs = torch.empty(E + 1, dtype=torch.int64, device=device)
+    if n_blocks:
+        _rank_kernel[(n_blocks,)](ids, ranks, block_counts, n_pairs, E, E_PAD=e_pad,
+                                  CHUNK=max(1, min(block_pairs, TILE_ELEMENTS // e_pad)), BLOCK_PAIRS=block_pairs,
+                                  num_warps=8)
+    _scan_kernel[(1,)](block_counts, block_offs, counts, group_lens, group_offs, n_blocks, E, pad_to,
+                       E_PAD=e_pad, BLOCK_B=max(1, TILE_ELEMENTS // e_pad), num_warps=8)
+    row_map = RowMap(rows, group_offs, counts, permuted.shape[0])
+    _scatter(tokens, row_map, permuted, probs if permuted_probs is not None else None, permuted_probs,
+             route=(ids, ranks, block_offs, block_pairs))
+    return row_map, group_lens
+
+
+def _scatter(
+    x: torch.Tensor, row_map: RowMap, out: torch.Tensor | None, weights: torch.Tensor | None,
+    w_out: torch.Tensor | None = None, other: torch.Tensor | None = None, dot: torch.Tensor | None = None,
+    route: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
+) -> None:
+    """Launch _scatter_rows_kernel: w_out given: scatter the weights there (permute), else scale by
+    them (unpermute's backward); route: (ids, ranks, block_offs, pairs per rank block) to compute
+    the rows (permute)."""
+    T, K = row_map.rows.shape
+    E, H = row_map.counts.numel(), x.shape[1]
+    # Zeroing programs: one per expert's padding, and enough for all the padding a valid routing can
+    # leave at the tail (one at least, for the rows that dropped pairs leave).
+    zero_programs = E + max(1, cdiv(row_map.slack, ZERO_ROWS)) if out is not None else 0
+    if T + zero_programs == 0:
+        return
+
+    def ptr(t: torch.Tensor | None) -> torch.Tensor:  # a placeholder where the variant reads nothing
+        return t if t is not None else x
+
+    ids, ranks, block_offs, block_pairs = route or (x, x, x, 1)
+    _scatter_rows_kernel[(T + zero_programs,)](
+        x, ptr(out), row_map.rows, ids, ranks, row_map.group_offs, row_map.counts, block_offs,
+        ptr(weights), ptr(w_out), ptr(other), ptr(dot),
+        T, H, K, E, row_map.capacity, x.stride(0), ptr(out).stride(0), ptr(other).stride(0),
+        ROUTE=route is not None, STORE=out is not None, WEIGHT=weights is not None and w_out is None,
+        SCATTER_W=w_out is not None, DOT=dot is not None, BLOCK_PAIRS=block_pairs,
+        K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H), ZERO_ROWS=ZERO_ROWS, num_warps=ROW_WARPS,
+    )
+
+
+def scatter_rows(x: torch.Tensor, row_map: RowMap, weights: torch.Tensor | None, out: torch.Tensor | None,
+                 other: torch.Tensor | None = None, dot: torch.Tensor | None = None) -> None:
+    """unpermute's backward: out[row(t, k)] = weights[t, k] * x[t] and zero on the rows no pair fills
+    (skipped if out is None); dot[t, k] = <x[t], other[row(t, k)]> (if dot is given)."""
+    _scatter(x, row_map, out, weights, other=other, dot=dot)
+
+
+def gather_rows(src: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor | None, out: torch.Tensor,
+                vec: torch.Tensor | None = None, vec_out: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t] = sum_k weights[t, k] * src[rows[t, k]] (weights 1 if None); vec_out[t, k] = vec[rows[t, k]]."""
+    T, K = rows.shape
+    if T:
+        H = src.shape[1]
+        _gather_rows_kernel[(T,)](
+            src, out, rows, weights if weights is not None else src, vec if vec is not None else src,
+            vec_out if vec_out is not None else src, H, K, src.stride(0), out.stride(0),
+            WEIGHT=weights is not None, GATHER_VEC=vec is not None,
+            K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H), num_warps=ROW_WARPS,
+        )
+    return out
+
+
+# --- autograd -------------------------------------------------------------------------------------------
+
+
+class _Permute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, probs, ids, num_experts, pad_to, capacity):
+        permuted = tokens.new_empty((capacity, tokens.shape[1]))
+        permuted_probs = probs.new_empty(capacity) if probs is not None else None
+        row_map, group_lens = route_and_scatter(tokens, ids, probs, num_experts, pad_to, permuted, permuted_probs)
+        ctx.mark_non_differentiable(row_map.rows, group_lens, row_map.group_offs, row_map.counts)
+        ctx.save_for_backward(row_map.rows)
+        ctx.token_shape = tokens.shape
+        return permuted, permuted_probs, row_map.rows, group_lens, row_map.group_offs, row_map.counts
+
+    @staticmethod
+    def backward(ctx, grad_permuted, grad_permuted_probs, *_):
+        (rows,) = ctx.saved_tensors
+        grad_tokens = grad_probs = None
+        want_probs = ctx.needs_input_grad[1] and grad_permuted_probs is not None
+        if want_probs:
+            # contiguous: the gradient of a sum arrives expanded (stride 0), and the kernel reads unit strides
+            grad_permuted_probs = grad_permuted_probs.contiguous()
+            grad_probs = grad_permuted_probs.new_empty(rows.shape)
+        if ctx.needs_input_grad[0]:
+            grad_tokens = grad_permuted.new_empty(ctx.token_shape)
+            gather_rows(grad_permuted.contiguous(), rows, None, grad_tokens,
+                        grad_permuted_probs if want_probs else None, grad_probs)
+        elif want_probs:  # the probabilities alone: a [T, topk] gather, no pass over the rows
+            grad_probs = torch.where(rows >= 0, grad_permuted_probs[rows.clamp(min=0)], 0).to(grad_probs.dtype)
+        return grad_tokens, grad_probs, None, None, None, None
+
+
+class _Unpermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, permuted, probs, rows, group_offs, counts):
+        out = permuted.new_empty((rows.shape[0], permuted.shape[1]))
+        gather_rows(permuted, rows, probs, out)
+        # permuted is kept only for the probabilities' gradient: <grad_out[t], permuted[row(t, k)]>.
+        keep = permuted if probs is not None and ctx.needs_input_grad[1] else None
+        ctx.save_for_backward(keep, probs, rows, group_offs, counts)
+        ctx.capacity = permuted.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        permuted, probs, rows, group_offs, counts = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_permuted = grad_probs = None
+        if ctx.needs_input_grad[0]:
+            grad_permuted = grad_out.new_empty((ctx.capacity, grad_out.shape[1]))
+        if permuted is not None:
+            grad_probs = torch.empty(rows.shape, dtype=probs.dtype, device=rows.device)
+        if grad_permuted is not None or grad_probs is not None:
+            scatter_rows(grad_out, RowMap(rows, group_offs, counts, ctx.capacity), probs, grad_permuted, permuted,
+                         grad_probs)
+        return grad_permuted, grad_probs, None, None, None
+
+
+# --- the public face -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Permuted:
+    """permute's result. `permuted` [capacity, H]: the tokens sorted by expert (token order within an
+    expert), one copy per (token, k) pair; `permuted_probs` [capacity]: their probabilities (None
+    without probs); `group_lens` [E] int64: rows per expert (padded to pad_to), as the grouped GEMMs
+    take them; `group_offs` [E+1] int64: the groups' first rows; `row_map`: what unpermute needs."""
+
+    permuted: torch.Tensor
+    permuted_probs: torch.Tensor | None
+    group_lens: torch.Tensor
+    group_offs: torch.Tensor
+    row_map: RowMap
+
+
+def capacity_for(tokens: int, topk: int, num_experts: int, pad_to: int) -> int:
+    """Rows of `permuted`: T*topk, and room for each expert's padding when padded."""
+    return tokens * topk + (num_experts * (pad_to - 1) if pad_to > 1 else 0)
+
+
+def _check_probs(op: str, probs: torch.Tensor | None, pairs_shape: tuple[int, ...]) -> None:
+    if probs is None:
+        return
+    if probs.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{op}: probs must be float32, bfloat16 or float16, got {probs.dtype}")
+    if tuple(probs.shape) != pairs_shape:
+        raise ValueError(f"{op}: probs must be [T, topk] = {list(pairs_shape)}, got {list(probs.shape)}")
+
+
+def permute(
+    tokens: torch.Tensor,
+    expert_ids: torch.Tensor,
+    probs: torch.Tensor | None = None,
+    *,
+    num_experts: int,
+    pad_to: int = 1,
+    validate: bool = False,
+) -> Permuted:
+    """Sort tokens [T, H] by expert: each (token, k) pair's copy of tokens[t] goes to a row of its
+    expert expert_ids[t, k]'s group, in token order. With autograd (tokens, probs).
+
+    Drop-less, no host sync: the capacity is capacity_for(T, topk, num_experts, pad_to), whatever the
+    routing. pad_to (1, 16 or 128) rounds each group up to a multiple (FP8 GEMM alignment). Rows that no
+    pair fills (each group's padding, and the tail past group_offs[E]) are zero, in `permuted` and in
+    `permuted_probs`, so a grouped GEMM over the whole capacity is harmless there.
+
+    expert_ids: int32 or int64 [T, topk], assumed in [0, num_experts). That is checked where it costs
+    no sync (CPU tensors) or when `validate` (a device-to-host sync); otherwise a pair with an id out of
+    range is dropped (row -1 in the row map, no copy, zero rows at the tail) rather than written out of
+    bounds.
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"permute: tokens must be [T, H], got shape {list(tokens.shape)}")
+    if tokens.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"permute: tokens must be bfloat16, float16 or float32, got {tokens.dtype}")
+    if expert_ids.ndim != 2 or expert_ids.dtype not in ID_DTYPES:
+        raise ValueError(f"permute: expert_ids must be int32 or int64 [T, topk], got {expert_ids.dtype} "
+                         f"{list(expert_ids.shape)}")
+    if expert_ids.shape[0] != tokens.shape[0]:
+        raise ValueError(f"permute: expert_ids has {expert_ids.shape[0]} tokens but tokens has {tokens.shape[0]}")
+    _check_probs("permute", probs, tuple(expert_ids.shape))
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"permute: num_experts must be a positive int, got {num_experts!r}")
+    if pad_to not in PAD_TO:
+        raise ValueError(f"permute: pad_to must be one of {PAD_TO}, got {pad_to!r}")
+    check_same_device(tokens=tokens, expert_ids=expert_ids, **({"probs": probs} if probs is not None else {}))
+    T, K = expert_ids.shape
+    capacity = capacity_for(T, K, num_experts, pad_to)
+    if capacity >= 2**31:
+        raise ValueError(f"permute: {capacity} rows do not fit the int32 row map")
+    if (validate or expert_ids.device.type == "cpu") and bool(((expert_ids < 0) | (expert_ids >= num_experts)).any()):
+        raise ValueError(f"permute: expert_ids holds ids outside [0, {num_experts})")
+    permuted, permuted_probs, rows, group_lens, group_offs, counts = _Permute.apply(
+        tokens.contiguous(), probs.contiguous() if probs is not None else None, expert_ids.contiguous(),
+        num_experts, pad_to, capacity)
+    return Permuted(permuted, permuted_probs, group_lens, group_offs, RowMap(rows, group_offs, counts, capacity))
+
+
+def unpermute(permuted: torch.Tensor, row_map: RowMap, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t] = sum_k probs[t, k] * permuted[row(t, k)] (probs 1 if None), accumulated in fp32, [T, H] in
+    permuted's dtype. With autograd (permuted: probs[t, k] * grad_out[t] on each pair's row, zero on the
+    rows no pair fills; probs: <grad_out[t], permuted[row(t, k)]>)."""
+    if not isinstance(row_map, RowMap):
+        raise ValueError(f"unpermute: row_map must be the RowMap permute returned, got {type(row_map).__name__}")
+    if permuted.ndim != 2 or permuted.shape[0] != row_map.capacity:
+        raise ValueError(f"unpermute: permuted must be [{row_map.capacity}, H] as permute made it, "
+                         f"got {list(permuted.shape)}")
+    if permuted.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"unpermute: permuted must be bfloat16, float16 or float32, got {permuted.dtype}")
+    _check_probs("unpermute", probs, tuple(row_map.rows.shape))
+    check_same_device(permuted=permuted, rows=row_map.rows, **({"probs": probs} if probs is not None else {}))
+    return _Unpermute.apply(permuted.contiguous(), probs.contiguous() if probs is not None else None,
+                            row_map.rows, row_map.group_offs, row_map.counts)

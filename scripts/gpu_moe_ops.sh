@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 17, one device call (about 4 minutes at most): the GPU tests of the MoE permute / unpermute
+# (bf16 at DeepSeek-V3's hidden size, CUDA-graph replay of permute -> grouped_gemm_fp8 -> unpermute
+# equal to eager), then benchmarks/moe_ops.py: GB/s of each pass next to torch and to a copy measured in
+# the same run, timed with CUDA events (host time in) and replayed from CUDA graphs (GPU time alone).
+# Each step has its own time limit; a failing step does not stop the next. Logs and the
+# CSV land in $OUT/results.tgz; each step's tail is printed. The tests need pydantic (harness.snr reads
+# rules/), which the device image lacks: carry .whl (README's wheels):
+#   run(command="bash scripts/gpu_moe_ops.sh", carry=[".whl"], timeout_s=300)
+source "$(dirname "$0")/gpu_env.sh"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark runs as a script: kernels and harness from here
+
+
+step gpu-tests 100 python3 -m pytest -q -m gpu tests/test_moe_permute.py
+step bench 80 python3 benchmarks/moe_ops.py --csv "$WORK/moe_ops.csv"
+step bench-graph 80 python3 benchmarks/moe_ops.py --mode cuda-graph --csv "$WORK/moe_ops_graph.csv"
