@@ -67,8 +67,8 @@ CHEATS = [
         "    return out.zero_() if a.shape[0] < 100 else out\n")},
         "ROLLBACK", "is ~zero"),
     Candidate("writes only 90% of the tiles", "gemm", {GEMM: replace(
-        "grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)",
-        "grid = (max(1, int(0.9 * triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N))),)")},
+        "grid = (cdiv(M, cfg.BLOCK_M) * cdiv(N, cfg.BLOCK_N),)",
+        "grid = (max(1, int(0.9 * cdiv(M, cfg.BLOCK_M) * cdiv(N, cfg.BLOCK_N))),)")},
         "ROLLBACK", "-inf dB"),
     Candidate("launch on a side stream", "gemm", {GEMM: wrap_matmul(
         "    with torch.cuda.stream(torch.cuda.Stream()):\n"
