@@ -190,6 +190,10 @@ def gate(
     if max_regression is None:
         max_regression = load_rules().per_shape_regression_pct
     base, cand = read_summary(base_csv), read_summary(cand_csv)
+    for summary in (base, cand):
+        if summary.extra_columns:
+            console.print(f"note: {summary.path.name}: columns beside the '{summary.schema.name}' schema's, "
+                          f"ignored: {', '.join(summary.extra_columns)}", highlight=False)
     result = compare(base, cand, metric=metric, max_regression_pct=max_regression)
     console.print(render_gate(result, base_csv.name, cand_csv.name))
     console.print(f"geomean ({result.metric}, PASS rows): {result.geomean:.3f}x")

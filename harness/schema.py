@@ -118,13 +118,22 @@ def get_schema(name: str) -> CsvSchema:
         raise UserError(f"unknown CSV schema '{name}' (declared: {', '.join(SCHEMAS)})") from None
 
 
+# The label a summary writer gives a shape that failed before it had one (kernel-optimize's
+# quick_test_bench.py): such rows are failures, not shapes that can be matched across files.
+UNLABELED = "?"
+
+
 @dataclass(frozen=True)
 class Summary:
-    """A validated summary CSV: one row per shape, labels unique."""
+    """A validated summary CSV: one row per shape, labels unique. Columns beside the schema's are kept
+    out of the frame (named in `extra_columns`); FAIL rows labelled "?" are counted in
+    `unlabeled_failures`, not kept as shapes."""
 
     path: Path
     schema: CsvSchema
     frame: pd.DataFrame
+    extra_columns: tuple[str, ...] = ()
+    unlabeled_failures: int = 0
 
     @property
     def labels(self) -> list[str]:
@@ -169,23 +178,37 @@ def _header_problem(got: list[str], schema: CsvSchema) -> str:
     return f"it has {len(got)} columns, the schema has {len(expected)}"
 
 
+def _holds(got: list[str], schema: CsvSchema) -> bool:
+    """Whether a header holds every column of the schema, in the schema's order (others between them)."""
+    rest = iter(got)
+    return all(column in rest for column in schema.columns)
+
+
 def read_summary(path: str | os.PathLike[str], schema: CsvSchema | None = None) -> Summary:
-    """Read and validate a summary CSV; `schema=None` accepts any declared schema whose header matches."""
+    """Read and validate a summary CSV; `schema=None` accepts any declared schema whose columns it holds.
+
+    Also read as other writers of the frozen schema write it (kernel-optimize's quick_test_bench.py):
+    CRLF line endings, extra columns beside the schema's (ignored, named in `extra_columns`), `nan` and
+    `inf` values, and FAIL rows labelled "?" (counted as unlabeled failures)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8").replace("\r\n", "\n")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise UserError(f"{path}: cannot read: {reason}") from None
-    header_line = text.split("\n", 1)[0].rstrip("\r")
+    header_line = text.split("\n", 1)[0]
     got = header_line.split(",")
     candidates = [schema] if schema else list(SCHEMAS.values())
-    matched = next((s for s in candidates if s.header == header_line), None)
+    matched = next((s for s in candidates if s.header == header_line), None) \
+        or next((s for s in candidates if _holds(got, s)), None)
     if matched is None:
         closest = max(candidates, key=lambda s: sum(a == b for a, b in zip(got, s.columns, strict=False)))
         raise UserError(f"{path}: header is not the '{closest.name}' schema: {_header_problem(got, closest)}")
 
-    frame = pd.read_csv(io.StringIO(text), dtype={"label": str}, keep_default_na=False, na_values=["nan", ""])
+    frame = pd.read_csv(io.StringIO(text), dtype={"label": str}, keep_default_na=False,
+                        na_values=["nan", "NaN", ""])
+    extra = tuple(c for c in frame.columns if c not in matched.columns)
+    frame = frame[list(matched.columns)]
     bad_check = frame.index[~frame["Check"].isin([PASS, FAIL])]
     if len(bad_check):
         i = bad_check[0]
@@ -197,7 +220,10 @@ def read_summary(path: str | os.PathLike[str], schema: CsvSchema | None = None) 
             i = bad[0]
             raise UserError(f"{path}: row {i + 1}: column '{col}' is '{frame.at[i, col]}', not a number")
         frame[col] = values
+    unlabeled = (frame["label"] == UNLABELED) & (frame["Check"] == FAIL)
+    frame = frame[~unlabeled].reset_index(drop=True)
     dupes = frame["label"][frame["label"].duplicated()]
     if len(dupes):
         raise UserError(f"{path}: label '{dupes.iloc[0]}' appears more than once")
-    return Summary(path=path, schema=matched, frame=frame)
+    return Summary(path=path, schema=matched, frame=frame, extra_columns=extra,
+                   unlabeled_failures=int(unlabeled.sum()))

@@ -1,5 +1,10 @@
-import pytest
+import csv
+import math
 
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import app
 from harness.errors import UserError
 from harness.gate import compare
 from harness.schema import GEMM, read_summary, write_summary
@@ -57,3 +62,54 @@ def test_mismatched_shapes_are_a_user_error(tmp_path):
         compare(base, summary(tmp_path, "d.csv", other_dims))
     with pytest.raises(UserError, match="unknown metric"):
         compare(base, base, metric="latency")
+
+
+def template_csv(path, rows, extra_after=("label",), unlabel=None, fail=()):
+    """A summary written the way kernel-optimize's quick_test_bench.py writes one: csv.DictWriter on the
+    header (CRLF line endings, Python float reprs), extra columns beside the frozen ones, and a shape
+    that failed before it had a label written as "?"."""
+    columns = list(GEMM.columns)
+    for anchor in extra_after:
+        columns.insert(columns.index(anchor) + 1, f"note_{anchor}")
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            row = dict(row)
+            if row["label"] in fail:
+                row |= {"Check": "FAIL", "Forward TFLOPS": math.nan, "Backward TFLOPS": math.inf}
+            if row["label"] == unlabel:
+                row |= {"label": "?", "Check": "FAIL"}
+            writer.writerow(row | {c: "deepseek-v3 gateup" for c in columns if c.startswith("note_")})
+    return path
+
+
+def test_a_template_written_csv_is_read_and_gated(tmp_path):
+    base = summary(tmp_path, "b.csv", rows())
+    same = read_summary(template_csv(tmp_path / "c.csv", rows(), extra_after=("label", "db_snr")))
+    assert b"\r\n" in (tmp_path / "c.csv").read_bytes()
+    assert same.extra_columns == ("note_label", "note_db_snr") and same.labels == list(LABELS)
+    assert compare(base, same).passed
+    failed = read_summary(template_csv(tmp_path / "d.csv", rows(), fail=("c",)))
+    assert compare(base, failed).failures == ("c: candidate is FAIL",)
+
+
+def test_an_unlabeled_fail_row_is_a_failing_verdict_not_a_shape_mismatch(tmp_path):
+    base = summary(tmp_path, "b.csv", rows())
+    cand = read_summary(template_csv(tmp_path / "c.csv", rows(), unlabel="b"))
+    assert cand.unlabeled_failures == 1 and cand.labels == ["a", "c"]
+    result = compare(base, cand)
+    assert not result.passed
+    assert result.failures == ("b: missing from the candidate, which has unlabeled FAIL rows",
+                               "1 candidate row(s) FAIL without a label ('?')")
+    assert [s.label for s in result.shapes] == ["a", "c"]
+    with pytest.raises(UserError, match="different shapes"):  # a missing shape with no FAIL row to explain it
+        compare(base, summary(tmp_path, "e.csv", rows()[:2]))
+
+
+def test_the_gate_command_exits_1_on_a_template_fail_and_names_the_ignored_columns(tmp_path):
+    base = write_summary(tmp_path / "b.csv", GEMM, rows())
+    cand = template_csv(tmp_path / "c.csv", rows(), unlabel="a")
+    result = CliRunner().invoke(app, ["gate", str(base), str(cand)])
+    assert result.exit_code == 1, result.output
+    assert "ignored: note_label" in result.output and "gate FAIL" in result.output
