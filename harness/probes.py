@@ -7,6 +7,10 @@ own shapes. A kernel right only on the announced shapes fails here.
   multiples of no tile size either way, so every tile grid ends in a partial tile. For grouped ops 3
   to 6 groups split with skew, one group empty and one holding a single token. Sized by device: tiny
   under the interpreter.
+- Attention: odd sequence lengths (no block multiple, Sq and Sk drawn apart), GQA groups of 1, 2 or
+  4, head dims 64, 128 and MLA's 192/128; the first full attention, the rest causal, every other
+  one with a sliding window; the last of three or more packs sequences of skewed lengths with an
+  empty one and a one-token one.
 - The accumulation probe, for ops that promise fp32 accumulation: a long K, inputs scaled by 64 so
   that the sums pass fp16's largest value (65504), and an fp32 forward output, checked at the fp32
   SNR threshold (at the op's FP8 format threshold for FP8 variants). An fp16 accumulator overflows to
@@ -102,6 +106,32 @@ def _grouped_ragged(rng: np.random.Generator, sizes: ProbeSizes, index: int, cou
     return Probe(_label(f"ragged-{index + 1}", dims, f", lens={lens}"), dims, _seed(rng), tuple(lens))
 
 
+# (q/k, v) head dims an attention probe draws from.
+ATTENTION_HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (192, 128))
+
+
+def _attention_ragged(rng: np.random.Generator, sizes: ProbeSizes, index: int, count: int) -> Probe:
+    kv_heads, group = int(rng.integers(1, 3)), int(rng.choice([1, 2, 4]))
+    d, dv = ATTENTION_HEAD_DIMS[int(rng.integers(len(ATTENTION_HEAD_DIMS)))]
+    causal = int(index > 0)
+    window = _ragged(rng, (3, 40), aligned=False) if causal and index % 2 == 1 else 0
+    lens = None
+    if count >= 3 and index == count - 1:  # packed documents: self-attention, Sq = Sk = their mean
+        lo, hi = sizes.rows
+        live = np.exp(rng.uniform(np.log(lo), np.log(hi), size=int(rng.integers(1, 4)))).astype(int)
+        lens = [0, 1, *(int(n) for n in live)]
+        rng.shuffle(lens)
+        batch, seqlen_q = len(lens), sum(lens) // len(lens)
+        seqlen_k = seqlen_q
+    else:
+        batch = int(rng.integers(1, 3))
+        seqlen_q, seqlen_k = _ragged(rng, sizes.rows, False), _ragged(rng, sizes.rows, False)
+    dims = {"B": batch, "Hq": kv_heads * group, "Hkv": kv_heads, "Sq": seqlen_q, "Sk": seqlen_k, "D": d, "Dv": dv,
+            "causal": causal, "window": window}
+    extra = f", lens={lens}" if lens else ""
+    return Probe(_label(f"ragged-{index + 1}", dims, extra), dims, _seed(rng), tuple(lens) if lens else None)
+
+
 def _accumulation(rng: np.random.Generator, sizes: ProbeSizes, grouped: bool) -> Probe:
     M, N, K = sizes.accumulation
     lens = (M // 2, M - M // 2) if grouped else None
@@ -111,21 +141,24 @@ def _accumulation(rng: np.random.Generator, sizes: ProbeSizes, grouped: bool) ->
                  lens, ACCUMULATION_SCALE)
 
 
+# Shape families whose ops are GEMMs: the accumulation probe's dims (M, N, K) are theirs.
+GEMM_FAMILIES: tuple[str, ...] = ("dense_gemm", "grouped_gemm")
 RAGGED: dict[str, Callable[[np.random.Generator, ProbeSizes, int, int], Probe]] = {
     "dense_gemm": _dense_ragged,
     "grouped_gemm": _grouped_ragged,
+    "attention": _attention_ragged,
 }
 
 
 def draw_probes(family: str, fp32_accumulation: bool, seed: int, count: int, interpreter: bool) -> list[Probe]:
-    """`count` ragged shapes of the shape family drawn from `seed`, and the accumulation probe where the
-    op promises fp32 accumulation; none for a family without a probe drawer."""
+    """`count` ragged shapes of the shape family drawn from `seed`, and the accumulation probe where a
+    GEMM-class op promises fp32 accumulation; none for a family without a probe drawer."""
     ragged = RAGGED.get(family)
     if ragged is None:
         return []
     sizes = INTERPRETER_SIZES if interpreter else GPU_SIZES
     rng = np.random.default_rng(seed)
     probes = [ragged(rng, sizes, i, count) for i in range(count)]
-    if fp32_accumulation:
+    if fp32_accumulation and family in GEMM_FAMILIES:  # the probe is a long-K GEMM
         probes.append(_accumulation(rng, sizes, family == "grouped_gemm"))
     return probes

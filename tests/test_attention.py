@@ -278,12 +278,16 @@ def test_attention_shapes_presets_and_schema():
 
 def test_smoke_bench_passes_every_check():
     """The OpSpec end to end under the harness's full checks: packed (with the harness's extra hot and
-    empty splits), windowed and MLA shapes of the smoke preset."""
+    empty splits), windowed and MLA shapes of the smoke preset, then the unannounced probes (full,
+    causal with a window, packed with an empty and a one-token sequence)."""
     shapes = [s for s in load_shapes("attention", "smoke") if "packed" in s.label or "window" in s.label
               or "mla" in s.label]
-    run = run_bench(get_spec("attention"), shapes, shapes_source="smoke", repeats=1, warmup=0)
-    assert run.all_pass, [(r.shape.label, r.snrs, r.error) for r in run.ours]
+    run = run_bench(get_spec("attention"), shapes, shapes_source="smoke", repeats=1, warmup=0, probe_seed=3)
+    assert run.all_pass, [(r.shape.label, r.snrs, r.error) for r in run.ours] + [run.probe_errors]
     assert len(run.ours) == 3
+    kinds = [(p.dims["causal"], p.dims["window"] > 0, p.group_lens is not None) for p in run.probes]
+    assert kinds == [(0, False, False), (1, True, False), (1, False, True)]
+    assert {0, 1} <= set(run.probes[-1].group_lens)
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------
