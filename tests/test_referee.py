@@ -248,4 +248,12 @@ def test_ragged_probe_shapes_are_multiples_of_no_tile(seed):
         assert 3 <= len(lens) <= 6 and 0 in lens and 1 in lens and probe.dims["B"] == len(lens)
         assert all(n >= 17 for n in lens if n > 1) and probe.dims["M"] == sum(lens) // len(lens)
         assert probe.dims["N"] % TILE and probe.dims["K"] % TILE and not probe.accumulation
-    assert draw_probes("attention", True, seed, count, interpreter=True) == []
+    attention = draw_probes("attention", True, seed, count, interpreter=True)
+    assert len(attention) == count and not any(p.accumulation for p in attention)  # no GEMM-shaped probe
+    for probe in attention:
+        if probe.group_lens is None:  # odd lengths: a multiple of no block
+            assert probe.dims["Sq"] % 2 and probe.dims["Sk"] % 2, probe
+        else:  # packed: an empty and a one-token sequence among them
+            assert {0, 1} <= set(probe.group_lens), probe
+        assert probe.dims["Hq"] % probe.dims["Hkv"] == 0
+    assert draw_probes("moe_permute", True, seed, count, interpreter=True) == []  # a family without a drawer
