@@ -8,11 +8,7 @@
 # The harness needs pydantic and gitpython, which the device image lacks: carry .whl (README's wheels):
 #   run(command="bash scripts/gpu_attention.sh", carry=[".whl"], timeout_s=600)
 source "$(dirname "$0")/gpu_env.sh"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
-
+install_wheels
 
 bench() {  # bench NAME SECONDS SHAPES: our kernel and the baselines, one CSV each
   step "bench-$1" "$2" python3 -m harness bench --op attention --shapes "$3" --compare-baselines \

@@ -1,7 +1,8 @@
 # Sourced by scripts/gpu_*.sh, one device call each: logs and CSVs go to $WORK, packed into
 # $OUT/results.tgz on exit (the device returns few files); the GPU and software versions come first.
-# `step` runs one part of a call under its own time limit, so a part that fails or hangs does not
-# stop the next.
+# `install_wheels` puts the carried .whl packages (pydantic, gitpython, torchao: the device image lacks
+# them) and this checkout on PYTHONPATH; `step` runs one part of a call under its own time limit, so a
+# part that fails or hangs does not stop the next.
 set -uo pipefail
 OUT=${OUT:-/tmp/turbo-opt-out}
 WORK=$(mktemp -d)
@@ -20,4 +21,13 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $WORK/NA
   local rc=$?
   echo "=== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
   tail -n 40 "$WORK/$name.log"
+}
+
+install_wheels() {  # the carried wheels into /tmp/site (a failed install ends the call), and the repo
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 }

@@ -9,9 +9,8 @@
 #   tests   the FP8 ops' tests on the GPU (bf16), main_grad included                        ~2 min
 # Carry .whl (torchao 0.18 and its needs: ../shared/tools/gpu-wheels.sh torchao==0.18.0). Results
 # land in $OUT/results.tgz.   scripts/gpu_fp8_accumulate.sh [moe] [dense] [passes] [tests]
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit
 source "$(dirname "$0")/gpu_env.sh"
+install_wheels
 parts=" ${*:-moe passes tests} "
 cd benchmarks
 if [[ $parts == *" moe "* ]]; then

@@ -3,9 +3,8 @@
 # (benchmarks/training_step.py --graph: forward and backward one replay each, no per-kernel host work),
 # dense llama3-8b (the host-bound preset) and MoE; then the grouped FP8 op's main_grad tests on the GPU
 # (bf16). Carry .whl (torchao 0.18 and its needs). Results land in $OUT/results.tgz.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit
 source "$(dirname "$0")/gpu_env.sh"
+install_wheels
 cd benchmarks
 timeout 150 python3 training_step.py --suite dense --shapes llama3-8b --graph --variants e4m3-rowwise e4m3-blockwise \
   --csv "$WORK/dense8b_graph.csv" > "$WORK/dense8b_graph.log" 2>&1; tail -40 "$WORK/dense8b_graph.log"

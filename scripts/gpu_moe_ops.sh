@@ -8,12 +8,7 @@
 # rules/), which the device image lacks: carry .whl (README's wheels):
 #   run(command="bash scripts/gpu_moe_ops.sh", carry=[".whl"], timeout_s=300)
 source "$(dirname "$0")/gpu_env.sh"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the benchmark runs as a script: kernels and harness from here
-
+install_wheels
 
 step gpu-tests 100 python3 -m pytest -q -m gpu tests/test_moe_permute.py
 step bench 80 python3 benchmarks/moe_ops.py --csv "$WORK/moe_ops.csv"
