@@ -52,21 +52,23 @@ class GateResult:
         return geomean(s.ratio for s in self.shapes if s.comparable)
 
 
-def _unmatched(base: Summary, cand: Summary) -> list[str]:
-    """Failures for shapes the candidate lacks when it has unlabeled ("?") FAIL rows: those rows are
-    shapes that failed before they had a label, so the missing ones count as failed, not as a file of
-    other shapes. Raises a UserError when the files hold different shapes otherwise."""
+def _match(base: Summary, cand: Summary) -> tuple[list[str], list[str]]:
+    """The base's shapes the candidate holds too, and the failures for those it lacks when it has
+    unlabeled ("?") FAIL rows: those rows are shapes that failed before they had a label, so the
+    missing ones count as failed, not as a file of other shapes. Raises a UserError when the files
+    hold different shapes otherwise."""
     if base.schema.name != cand.schema.name:
         raise UserError(f"{base.path} is schema '{base.schema.name}' but {cand.path} is '{cand.schema.name}'")
-    only_base = [x for x in base.labels if x not in set(cand.labels)]
-    only_cand = [x for x in cand.labels if x not in set(base.labels)]
+    base_labels, cand_labels = set(base.labels), set(cand.labels)
+    shared = [x for x in base.labels if x in cand_labels]
+    only_base = [x for x in base.labels if x not in cand_labels]
+    only_cand = [x for x in cand.labels if x not in base_labels]
     if only_cand or (only_base and not cand.unlabeled_failures):
         raise UserError(
             f"the CSVs hold different shapes: only in {base.path.name}: {only_base[:3]}, "
             f"only in {cand.path.name}: {only_cand[:3]}"
         )
     dims = list(base.schema.dims)
-    shared = [x for x in base.labels if x not in set(only_base)]
     base_dims = base.frame.set_index("label")[dims].loc[shared]
     cand_dims = cand.frame.set_index("label")[dims].loc[shared]
     differ = base_dims.index[(base_dims != cand_dims).any(axis=1)]
@@ -75,7 +77,7 @@ def _unmatched(base: Summary, cand: Summary) -> list[str]:
     failures = [f"{label}: missing from the candidate, which has unlabeled FAIL rows" for label in only_base]
     if cand.unlabeled_failures:
         failures.append(f"{cand.unlabeled_failures} candidate row(s) FAIL without a label ('?')")
-    return failures
+    return shared, failures
 
 
 def compare(base: Summary, cand: Summary, metric: str = "step", max_regression_pct: float = 5.0) -> GateResult:
@@ -84,12 +86,12 @@ def compare(base: Summary, cand: Summary, metric: str = "step", max_regression_p
         raise UserError(f"unknown metric '{metric}' (use {', '.join(METRICS)})")
     if max_regression_pct < 0:
         raise UserError(f"--max-regression must be >= 0, got {max_regression_pct}")
-    failures = _unmatched(base, cand)
+    shared, failures = _match(base, cand)
     base_values, cand_values = base.metric(metric), cand.metric(metric)
     base_checks, cand_checks = base.checks(), cand.checks()
     floor = 1.0 - max_regression_pct / 100.0
-    shapes, cand_labels = [], set(cand.labels)
-    for label in (x for x in base.labels if x in cand_labels):
+    shapes = []
+    for label in shared:
         s = ShapeComparison(label, float(base_values[label]), float(cand_values[label]),
                             base_checks[label], cand_checks[label])
         shapes.append(s)
