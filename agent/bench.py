@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from agent.manifest import Manifest
 from agent.processes import ChildRegistry, TimeLimit, run_child
@@ -29,6 +30,8 @@ class BenchRequest:
     compare_baselines: bool = False
     # Seed of the unannounced shapes checked next to the campaign's (None: none are checked).
     probe_seed: int | None = None
+    # Which shapes `shapes_file` holds: an external target measures the representative ones with its quick command.
+    scope: Literal["all", "representative"] = "all"
 
 
 def bench_command(manifest: Manifest, request: BenchRequest) -> list[str]:

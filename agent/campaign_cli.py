@@ -82,7 +82,8 @@ def start(
                                    "variant": variant, "repeats": repeats, "proposer": proposer}.items()
                  if v is not None}
     if manifest is not None:
-        data = load_manifest(manifest).model_dump(mode="json") | overrides
+        data = load_manifest(manifest, warn=lambda note: err_console.print(f"note: {note}", highlight=False)
+                             ).model_dump(mode="json") | overrides
         source = str(manifest)
     elif op is not None:
         preset = "smoke" if interpreter_mode() else get_spec(op).default_preset

@@ -177,15 +177,22 @@ def applicable(root: Path, op: str, device: str | None = None, backend: str | No
         raise UserError(f"unknown op '{op}' (registered: {', '.join(op_names()) or 'none'})")
     if backend is not None and backend not in _subjects(root, "backend"):
         raise UserError(f"unknown backend '{backend}' (known: {', '.join(_subjects(root, 'backend')) or 'none'})")
-    hardware = [f for arch in _subjects(root, "hardware") for f in _read_folder(root, "hardware", arch)
-                if device is None or any(d in device for d in f.devices)]
     ops = _read_folder(root, "ops", op)
     if backend is None:
         listed = next((f.backends for f in ops if Path(f.path).name == "overview.md"), [])
         backends = ["triton", *(b for b in listed if b != "triton")]
     else:
         backends = [backend]
-    return hardware + [f for b in backends for f in _read_folder(root, "backend", b)] + ops
+    return general_knowledge(root, device, backends) + ops
+
+
+def general_knowledge(root: Path, device: str | None, backends: list[str]) -> list[KnowledgeFile]:
+    """The hardware files of the device (None: every arch) and the files of the backends the knowledge base
+    has (others are skipped): what applies to any kernel, turbo-opt's own or an external one."""
+    hardware = [f for arch in _subjects(root, "hardware") for f in _read_folder(root, "hardware", arch)
+                if device is None or any(d in device for d in f.devices)]
+    known = _subjects(root, "backend")
+    return hardware + [f for b in backends if b in known for f in _read_folder(root, "backend", b)]
 
 
 # --- tips ------------------------------------------------------------------------------------------

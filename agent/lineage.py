@@ -6,6 +6,7 @@ reset, a branch switch, a stash) is noticed here and undone.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +16,10 @@ from harness.errors import UserError
 
 
 def repo_root() -> Path:
-    """The git checkout a command runs in: campaigns change its kernels and commit there."""
+    """turbo-opt's checkout that holds the campaigns: $TURBO_OPT_HOME if set (an agent working in an external
+    target's checkout is given it), else the git checkout the command runs in."""
+    if os.environ.get("TURBO_OPT_HOME"):
+        return Path(os.environ["TURBO_OPT_HOME"]).resolve()
     try:
         return Path(git.Repo(Path.cwd(), search_parent_directories=True).working_tree_dir)
     except git.InvalidGitRepositoryError:
@@ -118,6 +122,28 @@ class Lineage:
     def apply(self, patch_file: Path) -> None:
         if patch_file.read_text().strip():
             self.repo.git.apply("--whitespace=nowarn", "--binary", str(patch_file))
+
+    def show(self, commit: str, path: str) -> str:
+        """The text of `path` at `commit` ("" where it does not exist)."""
+        try:
+            return self.repo.git.show(f"{commit}:{path}", strip_newline_in_stdout=False)
+        except git.GitCommandError:
+            return ""
+
+    def switch(self, branch_or_commit: str) -> None:
+        self.repo.git.checkout(branch_or_commit)
+
+    def add_worktree(self, path: Path, commit: str) -> None:
+        """A new checkout of `commit` at `path` sharing this repository (its branches and commits)."""
+        self.repo.git.worktree("add", "--detach", str(path), commit)
+
+    def remove_worktree(self, path: Path) -> None:
+        self.repo.git.worktree("remove", "--force", str(path))
+
+    def keep_as_ref(self, branch: str, ref: str) -> None:
+        """Keep `branch`'s commits under `ref` (outside refs/heads: no branch of the user's) and delete it."""
+        self.repo.git.update_ref(ref, self.repo.heads[branch].commit.hexsha)
+        self.repo.delete_head(branch, force=True)
 
     def commit(self, paths: Sequence[str], message: str) -> str:
         self.repo.index.add(list(paths))

@@ -3,6 +3,7 @@ and when it stops."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,9 +15,13 @@ from harness.errors import UserError
 from harness.files import atomic_write_text
 from harness.registry import get_spec
 from harness.rules import first_error, load_rules
+from harness.schema import SCHEMAS, CsvSchema, register_schema
 from harness.shapes import Shape
 
 Metric = Literal["forward", "backward", "step"]
+# Where the placeholders of an external target's commands are filled in: the summary CSV to write, and
+# a YAML file of the shapes to run (optional: a command may run its own shape set).
+CSV_PLACEHOLDER, SHAPES_PLACEHOLDER = "{csv}", "{shapes}"
 
 
 class SearchConfig(BaseModel):
@@ -45,19 +50,35 @@ class CommandConfig(BaseModel):
 ProposerConfig = Annotated[SearchConfig | ManualConfig | CommandConfig, Field(discriminator="kind")]
 
 
+class SchemaDeclaration(BaseModel):
+    """The frozen summary CSV of an external kernel that is none of turbo-opt's own schemas: its header is
+    `label, <dims>, Check, Forward <metric>, ..., <output>_snr...` (harness/schema.py's convention)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    dims: list[str] = Field(min_length=1)
+    metric: Literal["TFLOPS", "GB/s"] = "TFLOPS"
+    outputs: list[str] = Field(min_length=1)
+
+    def schema(self) -> CsvSchema:
+        return CsvSchema(self.name, tuple(self.dims), self.metric, tuple(self.outputs))
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # The campaign's name (its run dir and branch); `turbo-opt start` fills in `<op>-<date>-<time>` if absent.
     campaign: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     op: str
-    backend: Literal["triton"] = "triton"
+    # triton for turbo-opt's own ops; an external target may name its own (hip, cuda, ck...).
+    backend: str = "triton"
     # The GPU the campaign is meant for ("auto": whatever it runs on); recorded in the report.
     gpu: str = "auto"
     variant: str | None = None
     dtype: str = "auto"
-    # A shape preset of the op, a YAML shape file, or the shapes themselves.
-    shapes: str | list[Shape]
+    # A shape preset of the op, a YAML shape file, or the shapes themselves. An external target may leave
+    # them out: its benchmark command runs its own set, and the baseline's CSV names them.
+    shapes: str | list[Shape] | None = None
     # Labels measured every round; empty until BASELINE picks them.
     representative_shapes: list[str] = []
     primary_metric: Metric = "step"
@@ -74,7 +95,12 @@ class Manifest(BaseModel):
     hardware_efficiency: float | None = Field(default=None, gt=0, le=1)
     # Files the campaign may change: default (empty) means all of the op's mutable files.
     mutable_files: list[str] = []
+    # "auto": optimize/<campaign>; "none": the branch checked out at the start; or a branch name.
     branch: str = "auto"
+    # false: no accepted round is left committed on a branch of yours: the campaign's commits are kept
+    # under refs/turbo-opt/<campaign>, and the best version of the mutable files is left uncommitted in
+    # the working tree at the end (kernel-optimize's `git_commit: false`).
+    git_commit: bool = True
     max_iterations: int = Field(default=10, ge=1, lt=120)
     max_duration_min: float = Field(default=240.0, gt=0)
     timing: Literal["auto", "cuda-events", "cuda-graph"] = "auto"
@@ -88,6 +114,29 @@ class Manifest(BaseModel):
     # done within compile_timeout_s, the whole within compile_timeout_s + run_timeout_s.
     compile_timeout_s: int = Field(default=900, ge=5)
     run_timeout_s: int = Field(default=1800, ge=5)
+    # A command that must pass on the candidate (the target's focused tests): run at BASELINE, before
+    # every candidate is timed, and at REPORT, in the target's checkout; a failure is a FAIL.
+    test_command: str | None = Field(default=None, min_length=1)
+
+    # --- an external target: a kernel in another git repository (all empty: turbo-opt's kernels/<op>) ---
+    # The target's git checkout; the campaign's branch and commits live there.
+    repo: Path | None = None
+    # The files a candidate may change, relative to `repo`.
+    kernel_source: list[str] = []
+    # Writes the frozen summary CSV to {csv}, for every shape (or those in the YAML file {shapes}).
+    benchmark_command: str | None = None
+    # The same on the representative shapes (default: benchmark_command with {shapes}, or all shapes).
+    quick_command: str | None = None
+    # Rebuilds compiled sources (C++/HIP/CUDA) before anything is tested or measured.
+    rebuild_command: str | None = None
+    # repo: work in the checkout itself (it is switched to the campaign branch). workspace: work in a git
+    # worktree of it in the campaign dir, and sync the best files back into the checkout at the end.
+    execution_mode: Literal["repo", "workspace"] = "repo"
+    # The CSV's schema: a declared name (gemm, attention, ...) or a declaration; default: any declared
+    # schema whose columns the CSV holds.
+    csv_schema: str | SchemaDeclaration | None = None
+    # What a kernel-optimize manifest said that turbo-opt does not act on (kept for the report).
+    metadata: dict[str, Any] = {}
 
     @field_validator("proposer", mode="before")
     @classmethod
@@ -95,8 +144,25 @@ class Manifest(BaseModel):
         """`proposer: manual` is short for `proposer: {kind: manual}`."""
         return {"kind": value} if isinstance(value, str) else value
 
+    @field_validator("repo")
+    @classmethod
+    def _absolute_repo(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser().resolve()
+
     @model_validator(mode="after")
     def _check_against_the_op(self) -> Manifest:
+        if self.max_iterations > load_rules().max_iterations:
+            raise ValueError(f"max_iterations exceeds the rules' limit of {load_rules().max_iterations}")
+        if self.csv_schema is not None:
+            self.schema  # noqa: B018 (an unknown name, or a declaration clashing with a declared schema, fails here)
+        if self.repo is not None:
+            return self._check_external()
+        external = [f for f in ("kernel_source", "benchmark_command", "quick_command", "rebuild_command")
+                    if getattr(self, f)]
+        if external or self.execution_mode != "repo":
+            raise ValueError(f"{', '.join(external) or 'execution_mode'} needs `repo` (an external target)")
+        if self.shapes is None:
+            raise ValueError("shapes: a preset, a YAML shape file or a list of shapes is required")
         try:
             spec = get_spec(self.op)
         except UserError as exc:
@@ -106,9 +172,43 @@ class Manifest(BaseModel):
         outside = [f for f in self.mutable_files if f not in spec.mutable_files]
         if outside:
             raise ValueError(f"mutable_files {outside} are not mutable files of {self.op}: {list(spec.mutable_files)}")
-        if self.max_iterations > load_rules().max_iterations:
-            raise ValueError(f"max_iterations exceeds the rules' limit of {load_rules().max_iterations}")
         return self
+
+    def _check_external(self) -> Manifest:
+        assert self.repo is not None
+        if not self.kernel_source:
+            raise ValueError("an external target (repo) needs kernel_source: the files a candidate may change")
+        for path in self.kernel_source:
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                raise ValueError(f"kernel_source '{path}' must be a path inside repo, relative to it")
+        if not self.benchmark_command:
+            raise ValueError("an external target (repo) needs benchmark_command, writing the summary CSV to {csv}")
+        for field in ("benchmark_command", "quick_command"):
+            command = getattr(self, field)
+            if command is not None and CSV_PLACEHOLDER not in command:
+                raise ValueError(f"{field} must write the summary CSV to the path turbo-opt gives it: "
+                                 f"put {CSV_PLACEHOLDER} in it")
+        if self.shapes is None and SHAPES_PLACEHOLDER in self.benchmark_command:
+            raise ValueError(f"benchmark_command takes {SHAPES_PLACEHOLDER}: list the shapes it is to run")
+        if self.mutable_files:
+            raise ValueError("mutable_files is for turbo-opt's own ops: an external target lists kernel_source")
+        if isinstance(self.shapes, str):
+            raise ValueError("shapes: an external target lists its shapes (or leaves them to its benchmark)")
+        return self
+
+    @property
+    def external(self) -> bool:
+        return self.repo is not None
+
+    @property
+    def schema(self) -> CsvSchema | None:
+        """The summary CSV schema the campaign reads (None: any declared one)."""
+        if isinstance(self.csv_schema, SchemaDeclaration):
+            return register_schema(self.csv_schema.schema())
+        if self.csv_schema is not None and self.csv_schema not in SCHEMAS:
+            raise ValueError(f"csv_schema '{self.csv_schema}' is not declared ({', '.join(SCHEMAS)}): "
+                             "declare it as {name, dims, metric, outputs}")
+        return SCHEMAS.get(self.csv_schema) if self.csv_schema else None
 
     @property
     def name(self) -> str:
@@ -118,14 +218,14 @@ class Manifest(BaseModel):
 
     @property
     def files(self) -> list[str]:
+        if self.external:
+            return list(self.kernel_source)
         return self.mutable_files or list(get_spec(self.op).mutable_files)
 
     @property
-    def branch_name(self) -> str:
-        return f"optimize/{self.campaign}" if self.branch == "auto" else self.branch
-
-    @property
     def resolved_variant(self) -> str:
+        if self.external:
+            return self.variant or "default"
         return self.variant or get_spec(self.op).variants[0]
 
 
@@ -133,17 +233,26 @@ def default_campaign_name(op: str) -> str:
     return f"{op}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def load_manifest(path: Path) -> Manifest:
+def load_manifest(path: Path, warn: Callable[[str], None] | None = None) -> Manifest:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
         raise UserError(f"cannot read manifest {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    return parse_manifest(data, str(path))
+    return parse_manifest(data, str(path), warn)
 
 
-def parse_manifest(data: object, source: str) -> Manifest:
+def parse_manifest(data: object, source: str, warn: Callable[[str], None] | None = None) -> Manifest:
+    """A manifest from its YAML data, in turbo-opt's field names or kernel-optimize's (agent/template.py);
+    what the latter says that turbo-opt does not act on is kept in `metadata` and reported to `warn`."""
+    from agent.template import from_template, is_template
+
+    if is_template(data):
+        assert isinstance(data, dict)
+        data, notes = from_template(data, Path(source).parent if source.endswith((".yaml", ".yml")) else Path.cwd())
+        for note in notes:
+            (warn or (lambda _: None))(f"{source}: {note}")
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

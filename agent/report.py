@@ -227,7 +227,8 @@ def write_report(run_dir: Path, state: CampaignState, vendors: dict[str, dict[st
     accepted = [r for r in opt if r.status == "ACCEPT"]
     lines = [
         f"# Campaign report: {manifest.campaign}", "",
-        f"- Op: `{manifest.op}` ({manifest.backend}), variant `{manifest.resolved_variant}`, device {state.device}",
+        f"- Op: `{manifest.op}` ({manifest.backend}), variant `{manifest.resolved_variant}`, device {state.device}"
+        + (f"; an external target in `{manifest.repo}` ({manifest.execution_mode} mode)" if manifest.repo else ""),
         f"- Proposer: {manifest.proposer.kind}; primary metric: {metric}; branch `{state.branch}`; best commit "
         f"`{state.best_commit[:12]}`",
         f"- Rounds: {len(opt)} ({len(accepted)} accepted); stopped because: {state.stop_reason}",
@@ -235,6 +236,7 @@ def write_report(run_dir: Path, state: CampaignState, vendors: dict[str, dict[st
         f"({_pct(final.geomeans[metric], base.geomeans[metric])}); every shape "
         f"{'PASS' if final.all_pass else 'NOT PASS: ' + ', '.join(final.failed)}",
         f"- Reproduced in the final bench: {'yes' if state.reproduced else 'NO'} ({state.reproduction})",
+        *[f"- Note: {note}" for note in state.notes],
         "", f"![{metric} by round](metric_by_round.png)", "",
         f"## Baseline vs best, per shape ({metric})", "",
         "| shape | baseline | best | speedup | " + " | ".join(f"{v} | best / {v}" for v in vendors) + " |",

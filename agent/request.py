@@ -126,7 +126,9 @@ VALIDATE_CHECKS = [
 ]
 
 
-def submission(proposer: str, campaign: str, proposal_file: str) -> Submission:
+def submission(proposer: str, campaign: str, proposal_file: str, home: str | None = None) -> Submission:
+    """How the change is handed back; `home` is turbo-opt's checkout when the proposer works in another one
+    (an external target), so that `turbo-opt submit` finds the campaign from there."""
     must_not = [
         "edit any file but the mutable files (harness/, rules/, tests/, the campaign dir: refused and undone)",
         "create new files (refused and removed)",
@@ -135,7 +137,8 @@ def submission(proposer: str, campaign: str, proposal_file: str) -> Submission:
     fields = {name: str(info.description or info.annotation) for name, info in Proposal.model_fields.items()}
     if proposer == "manual":
         return Submission(how="submit", must_not=must_not, proposal_fields=fields,
-                          command=f'turbo-opt submit {campaign} --hypothesis "..." --summary "..." '
+                          command=(f"TURBO_OPT_HOME={home} " if home else "")
+                          + f'turbo-opt submit {campaign} --hypothesis "..." --summary "..." '
                                   "[--risk high] [--expected-gain PCT] [--json]")
     if proposer == "command":
         return Submission(how="proposal-file", proposal_file=proposal_file, proposal_fields=fields, must_not=must_not)
@@ -222,7 +225,8 @@ def render(request: Request) -> str:
 def build_request(
     state: CampaignState, record: RoundRecord, *, op_description: str, proposer: str, unit: str,
     stop: list[Termination], standing: list[ShapeStanding], analyses: list[ShapeAnalysis], rules: IterationRules,
-    knowledge: list[KnowledgeFile], tips: list[Tip], representative_file: str, proposal_file: str,
+    knowledge: list[KnowledgeFile], tips: list[Tip], representative_file: str, proposal_file: str, check_command: str,
+    home: str | None = None,
 ) -> Request:
     """The request of round `record` of the campaign in `state` (paths repo-relative)."""
     assert state.best is not None
@@ -238,8 +242,7 @@ def build_request(
         rounds=[RoundSummary.of(r) for r in state.rounds if r.status != "OPEN"],
         ineffective=[f"round {r.number}: {r.summary} ({r.reason})" for r in state.closed_rounds() if r.ineffective],
         mutable_files=m.files,
-        check_command=(f"turbo-opt bench --op {m.op} --variant {m.resolved_variant} --shapes {representative_file} "
-                       "--fresh-inputs --probe-seed 1"),
+        check_command=check_command,
         judging=Judging(numbers=rules, audit_rules=dict(AUDIT_RULES), checks=VALIDATE_CHECKS),
-        knowledge=knowledge, tips=tips, submission=submission(proposer, m.name, proposal_file),
+        knowledge=knowledge, tips=tips, submission=submission(proposer, m.name, proposal_file, home),
     )

@@ -14,6 +14,7 @@ bench.py (VALIDATE's subprocess), scoring.py and decision.py (DECIDE), request.p
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -27,9 +28,9 @@ from agent import lock
 from agent.analysis import ShapeAnalysis, analyze, describe, device_ceilings, efficiency_geomean
 from agent.bench import BenchRequest, run_bench
 from agent.decision import attribution, judge
-from agent.knowledge import Tip, applicable, load_tips, write_tips
+from agent.knowledge import Tip, applicable, general_knowledge, load_tips, write_tips
 from agent.lineage import Lineage
-from agent.manifest import Manifest, manifest_text, write_manifest
+from agent.manifest import Manifest, SchemaDeclaration, manifest_text, write_manifest
 from agent.processes import ChildRegistry
 from agent.proposers import Awaiting, Exhausted, Failed, Proposed, Proposer, RoundContext, make_proposer
 from agent.report import attribution_details, campaign_tips, close_round, init_logs, next_direction, write_report
@@ -38,6 +39,7 @@ from agent.scoring import reproduction, score, stagnated
 from agent.screening import capture, screen
 from agent.standings import primary_vendor, standings, vendors
 from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
+from agent.target import benchmark_command, csv_schema, focused_test, measure, shapes_of
 from agent.termination import Progress, stop_conditions, stop_reason
 from agent.validation import probe_seed, validate
 from harness.errors import UserError
@@ -46,9 +48,10 @@ from harness.meta import harness_hash, read_meta
 from harness.registry import get_spec
 from harness.rules import load_rules
 from harness.schema import FAIL, Summary, read_summary
-from harness.shapes import Shape, load_shapes
+from harness.shapes import Shape, load_shape_file, load_shapes
 from harness.stats import geomean
 from kernels.common.device import default_device, interpreter_mode
+from kernels.common.opspec import OpSpec
 
 Measurer = Callable[[BenchRequest], None]
 ROUND_PHASES = ("OPTIMIZE", "SCREEN", "VALIDATE", "DECIDE")
@@ -81,13 +84,12 @@ class Campaign:
         self.state = state
         self.manifest: Manifest = state.manifest
         self.run_dir = runs_dir(root) / self.manifest.name
-        self.spec = get_spec(self.manifest.op)
+        # turbo-opt's own op, or None for an external target (which has no OpSpec: its commands measure it)
+        self.spec: OpSpec | None = None if self.manifest.external else get_spec(self.manifest.op)
         self.rules = load_rules()
-        self.lineage = Lineage(root)
         self.children = ChildRegistry(self.run_dir / "children.json")
         self.proposer = proposer or make_proposer(self.manifest.proposer)
-        self.measurer = measurer or (
-            lambda request: run_bench(root, self.manifest, request, self.state.harness_hash, self.children))
+        self.measurer = measurer or self._measure
         self.console = console or Console()
         self._lock_depth = 0
         self.steps = {
@@ -102,7 +104,14 @@ class Campaign:
     def create(cls, root: Path, manifest: Manifest, *, measurer: Measurer | None = None, console: Console | None = None,
                proposer: Proposer | None = None) -> Campaign:
         """Check everything, then write the campaign dir: nothing is touched if anything is wrong."""
-        Lineage(root).ensure_clean()
+        if manifest.repo is not None:
+            target = Lineage(manifest.repo)
+            if target.root == Lineage(root).root:
+                raise UserError(f"{target.root} is both the target and turbo-opt's home: run turbo-opt from its own "
+                                "checkout (or set TURBO_OPT_HOME), so that the referee is outside the target's scope")
+            target.ensure_clean()
+        else:
+            Lineage(root).ensure_clean()
         run_dir = runs_dir(root) / manifest.name
         if run_dir.exists():
             raise UserError(f"campaign '{manifest.name}' already exists: `turbo-opt resume {manifest.name}`")
@@ -152,10 +161,37 @@ class Campaign:
             finally:
                 self._lock_depth = 0
 
+    @property
+    def checkout(self) -> Path:
+        """Where candidates are made, measured and committed: this repository for turbo-opt's own ops; the
+        target's repository, or its worktree in the campaign dir (`workspace` mode), for an external one."""
+        m = self.manifest
+        if m.repo is None:
+            return self.root
+        return self.run_dir / "workspace" if m.execution_mode == "workspace" else m.repo
+
+    @functools.cached_property
+    def lineage(self) -> Lineage:
+        return Lineage(self.checkout)
+
+    def _measure(self, request: BenchRequest) -> None:
+        if self.manifest.external:
+            measure(self.manifest, self.checkout, request, home=self.root, expected_harness=self.state.harness_hash,
+                    device=self.state.device, registry=self.children)
+        else:
+            run_bench(self.root, self.manifest, request, self.state.harness_hash, self.children)
+
+    def focused_test(self, log: Path) -> str | None:
+        return focused_test(self.manifest, self.checkout, log, self.children)
+
     def shapes(self) -> list[Shape]:
         source = self.manifest.shapes
         if isinstance(source, list):
             return source
+        if source is None:  # an external target's benchmark chose them: its baseline CSV named them
+            written = self.run_dir / "shapes.yaml"
+            return load_shape_file(written) if written.exists() else []
+        assert self.spec is not None
         path = Path(source)
         if source.endswith((".yaml", ".yml")) and not path.is_absolute():
             source = str(self.root / path)
@@ -170,6 +206,10 @@ class Campaign:
     def repo_path(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
 
+    def shown_path(self, path: Path) -> str:
+        """A path as the proposer sees it: relative to the checkout it works in, else absolute."""
+        return path.relative_to(self.checkout).as_posix() if path.is_relative_to(self.checkout) else str(path)
+
     def say(self, message: str) -> None:
         prefix = f"[bold cyan]{self.manifest.campaign}[/] round {self.state.round}"
         self.console.print(f"{prefix} {message}", highlight=False)
@@ -177,7 +217,7 @@ class Campaign:
     def _bench(self, request: BenchRequest, what: str) -> Summary:
         with self.console.status(f"measuring {what}..."):
             self.measurer(request)
-        return read_summary(request.summary_csv)
+        return read_summary(request.summary_csv, csv_schema(self.manifest, request.summary_csv))
 
     def speedup(self) -> float:
         """Best over baseline on the primary metric, both on the representative shapes (nan before BASELINE)."""
@@ -190,15 +230,19 @@ class Campaign:
         return load_tips(self.root, self.manifest.op, self.state.device, self.manifest.resolved_variant)
 
     def _protected(self) -> dict[str, str]:
-        """Files outside git's view that a candidate must not touch, with the text the runner wrote."""
-        return {self.repo_path(self.run_dir / "manifest.yaml"): manifest_text(self.manifest)}
+        """Files outside git's view in the checkout that a candidate must not touch, with the text the runner
+        wrote (an external target's campaign dir is outside its checkout: none)."""
+        manifest = self.run_dir / "manifest.yaml"
+        if not manifest.is_relative_to(self.checkout):
+            return {}
+        return {self.shown_path(manifest): manifest_text(self.manifest)}
 
     def at_best(self) -> None:
         """The tree exactly at the best commit on the campaign branch, and the campaign's own files as written."""
         self.lineage.restore_exactly(self.state.branch, self.state.best_commit)
         for path, text in self._protected().items():
-            if not (self.root / path).exists() or (self.root / path).read_text() != text:
-                atomic_write_text(self.root / path, text)
+            if not (self.checkout / path).exists() or (self.checkout / path).read_text() != text:
+                atomic_write_text(self.checkout / path, text)
 
     def at_candidate(self, number: int) -> None:
         """The best commit plus round `number`'s candidate.diff."""
@@ -206,8 +250,11 @@ class Campaign:
         self.lineage.apply(self.round_dir(number) / "candidate.diff")
 
     def _analyses(self, csv: Path | None = None) -> list[ShapeAnalysis]:
-        """The representative shapes on the roofline, from a measurement (default: the best's)."""
+        """The representative shapes on the roofline, from a measurement (default: the best's); none for an
+        external target, whose FLOPs and bytes turbo-opt does not know."""
         assert self.state.best is not None
+        if self.spec is None:
+            return []
         csv = csv or self.run_dir / self.state.best.csv
         reps = self.manifest.representative_shapes
         return analyze(self.spec, [s for s in self.shapes() if s.label in reps], read_summary(csv),
@@ -284,10 +331,15 @@ class Campaign:
         self.state.phase = "PREPARE_ENVIRONMENT"
 
     def _prepare_environment(self) -> None:
+        m = self.manifest
+        if m.external and m.execution_mode == "workspace" and not self.checkout.exists():
+            Lineage(m.repo).add_worktree(self.checkout, Lineage(m.repo).head())
         if not self.state.start_commit:
             self.lineage.ensure_clean()
             self.state.start_commit = self.lineage.head()
-        self.state.branch = self.manifest.branch_name
+            self.state.start_branch = Lineage(m.repo).branch() if m.repo else self.lineage.branch()
+        if not self.state.branch:
+            self.state.branch = self._branch_name()
         self.lineage.checkout_branch(self.state.branch, self.state.start_commit)
         self.state.best_commit = self.state.best_commit or self.state.start_commit
         self.state.harness_hash = harness_hash(self.root / "harness")
@@ -301,21 +353,47 @@ class Campaign:
         self.say(f"branch {self.state.branch}, device {self.state.device}, ceilings {self.state.ceilings or 'n/a'}")
         self.state.phase = "BASELINE"
 
+    def _branch_name(self) -> str:
+        """The campaign branch: optimize/<campaign> ("auto"), the branch checked out at the start ("none"), or
+        the one the manifest names."""
+        if self.manifest.branch == "auto" or (self.manifest.branch == "none" and not self.manifest.git_commit):
+            return f"optimize/{self.manifest.name}"  # with git_commit false, a working branch REPORT takes away
+        if self.manifest.branch == "none":
+            if self.state.start_branch is None:
+                raise UserError("branch none works on the branch checked out at the start, but HEAD is detached")
+            return self.state.start_branch
+        return self.manifest.branch
+
     def _baseline(self) -> None:
         rd = self.round_dir(1)
         shapes = self.shapes()
-        write_shapes(self.run_dir / "shapes.yaml", shapes)
+        if shapes:
+            write_shapes(self.run_dir / "shapes.yaml", shapes)
         csv = rd / "artifacts" / "benchmark.csv"
+        failure = self.focused_test(rd / "artifacts" / "test.log")
+        if failure is not None:
+            raise UserError(f"the baseline fails its {failure}: a campaign starts from a correct kernel")
         summary = self._bench(
             BenchRequest(self.run_dir / "shapes.yaml", csv, rd / "artifacts" / "bench.log", compare_baselines=True,
                          probe_seed=probe_seed()),
-            f"the baseline on {len(shapes)} shapes",
+            f"the baseline on {len(shapes)} shapes" if shapes else "the baseline on its benchmark's shapes",
         )
         failed = [label for label, check in summary.checks().items() if check == FAIL]
         probes = read_meta(csv).probe_errors
-        if failed or probes:
-            shown = ", ".join([*failed[:3], *list(probes)[:3]])
+        if failed or probes or summary.unlabeled_failures:
+            unlabeled = ["unlabeled ('?') rows"] if summary.unlabeled_failures else []
+            shown = ", ".join([*failed[:3], *list(probes)[:3], *unlabeled])
             raise UserError(f"the baseline fails ({shown}): a campaign starts from a correct kernel; see {csv}")
+        if not shapes:
+            dims = summary.frame.set_index("label")[list(summary.schema.dims)].to_dict("index")
+            shapes = shapes_of(summary.labels, dims)
+            write_shapes(self.run_dir / "shapes.yaml", shapes)
+        if self.manifest.external and self.manifest.csv_schema is None:  # freeze the header the baseline wrote
+            s = summary.schema
+            declared = SchemaDeclaration(name=s.name, dims=list(s.dims), metric=s.metric, outputs=list(s.outputs))
+            self.manifest = self.manifest.model_copy(update={"csv_schema": declared})
+            self.state.manifest = self.manifest
+        self._forward_only(summary)
         flops = dict(zip(summary.labels, summary.metric("forward") * summary.frame.set_index("label")[
             summary.schema.fwd_ms] * 1e9, strict=True))
         reps = self.manifest.representative_shapes or pick_representative(shapes, flops)
@@ -337,6 +415,18 @@ class Campaign:
         self.state.round = 2
         self.state.phase = "ANALYZE"
 
+    def _forward_only(self, summary: Summary) -> None:
+        """A kernel with no backward (no backward time in any row) is scored on its forward, with a note."""
+        m = self.manifest
+        if m.primary_metric == "forward" or summary.frame[summary.schema.bwd_ms].notna().any():
+            return
+        note = (f"{m.op} has no backward (the baseline times none): scored on the forward, not the "
+                f"{m.primary_metric} the manifest asked for")
+        self.manifest = m.model_copy(update={"primary_metric": "forward"})
+        self.state.manifest = self.manifest
+        self.state.notes.append(note)
+        self.say(f"[yellow]{note}[/]")
+
     def _analyze(self) -> None:
         reason = stop_reason(self._stop_conditions())
         if reason is not None:
@@ -354,15 +444,27 @@ class Campaign:
     def _request(self, record: RoundRecord) -> Request:
         """Write the round's request.json and request.md: what the proposer (and anyone else) needs."""
         assert self.state.best is not None
-        rd, metric = self.round_dir(record.number), self.manifest.primary_metric
+        rd, m = self.round_dir(record.number), self.manifest
+        representative = self.shown_path(self.run_dir / "representative.yaml")
+        if self.spec is None:
+            description = f"an external kernel in {m.repo}: {', '.join(m.files)}"
+            knowledge = general_knowledge(self.root, self.state.device, [m.backend])
+            check = benchmark_command(m, BenchRequest(self.run_dir / "representative.yaml", rd / "check.csv",
+                                                      rd / "check.log", scope="representative"))
+        else:
+            description = self.spec.description
+            knowledge = applicable(self.root, m.op, self.state.device)  # the op's backends (Gluon too)
+            check = (f"turbo-opt bench --op {m.op} --variant {m.resolved_variant} --shapes {representative} "
+                     "--fresh-inputs --probe-seed 1")
+        if m.test_command:
+            check += f" && {m.test_command}"
         request = build_request(
-            self.state, record, op_description=self.spec.description, proposer=self.proposer.name,
+            self.state, record, op_description=description, proposer=self.proposer.name,
             unit=read_summary(self.run_dir / self.state.best.csv).schema.metric,
-            stop=self._stop_conditions(), standing=standings(self.run_dir, self.state, metric),
-            analyses=self._analyses(), rules=self.rules,
-            knowledge=applicable(self.root, self.manifest.op, self.state.device),  # the op's backends (Gluon too)
-            tips=self._tips(), representative_file=self.repo_path(self.run_dir / "representative.yaml"),
-            proposal_file=self.repo_path(rd / "proposal.json"),
+            stop=self._stop_conditions(), standing=standings(self.run_dir, self.state, m.primary_metric),
+            analyses=self._analyses(), rules=self.rules, knowledge=knowledge, tips=self._tips(),
+            representative_file=representative, proposal_file=self.shown_path(rd / "proposal.json"),
+            check_command=check, home=str(self.root) if m.external else None,
         )
         atomic_write_text(rd / "request.json", request.model_dump_json(indent=2) + "\n")
         atomic_write_text(rd / "request.md", render(request))
@@ -376,10 +478,11 @@ class Campaign:
         record.handed_at, record.stash_at = self.state.best_commit, self.lineage.stash()
         self._request(record)
         context = RoundContext(
-            campaign=self.manifest.name, number=record.number, root=self.root, round_dir=rd, manifest=self.manifest,
+            campaign=self.manifest.name, number=record.number, root=self.checkout, round_dir=rd, manifest=self.manifest,
             shapes=tuple(self.shapes()), analyses=tuple(self._analyses()), history=tuple(self.state.closed_rounds()),
             tips=tuple(self._tips()), after_stagnation=record.after_stagnation, request_md=rd / "request.md",
             request_json=rd / "request.json", children=self.children, scratch=self.state.proposer_state,
+            home=self.root,
         )
         outcome = self.proposer.propose(context)
         if isinstance(outcome, Proposed):
@@ -483,6 +586,19 @@ class Campaign:
         self.state.consecutive_rollbacks = 0
 
     def _report(self) -> None:
+        if not self.state.handed_back:  # a report resumed after the hand-back only writes the report again
+            self._final_measurements()
+            self._hand_back()
+        metric = self.manifest.primary_metric
+        vendor_values = {v.name: v.per_shape for v in vendors(self.run_dir, metric)}
+        next_steps = [*self.proposer.next_steps(self.state), f"`turbo-opt learn {self.manifest.name}` adds this "
+                      "campaign's tips and findings to knowledge/ for the next one."]
+        write_report(self.run_dir, self.state, vendor_values, self._stop_conditions(), next_steps)
+        self.say(f"REPORT: {self.run_dir / 'report.md'}")
+        self.state.phase = "DONE"
+
+    def _final_measurements(self) -> None:
+        """The best on every shape, its focused test, and whether the accepted gains reproduce."""
         self.at_best()
         metric, reps = self.manifest.primary_metric, self.manifest.representative_shapes
         final_dir = self.run_dir / "final"
@@ -492,14 +608,52 @@ class Campaign:
         fresh_ms = read_meta(csv).fresh_ms
         self.state.final = score(summary, metric, self.rel(csv), None, fresh_ms)
         self.state.final_representative = score(summary, metric, self.rel(csv), reps, fresh_ms)
+        failure = self.focused_test(final_dir / "test.log")
+        if failure is not None:
+            self.state.notes.append(f"the best commit fails in the final check: {failure}")
         self._check_reproduction(final_dir)
         write_tips(self.run_dir / "tips.yaml", campaign_tips(self.state))
-        vendor_values = {v.name: v.per_shape for v in vendors(self.run_dir, metric)}
-        next_steps = [*self.proposer.next_steps(self.state), f"`turbo-opt learn {self.manifest.name}` adds this "
-                      "campaign's tips and findings to knowledge/ for the next one."]
-        write_report(self.run_dir, self.state, vendor_values, self._stop_conditions(), next_steps)
-        self.say(f"REPORT: {self.run_dir / 'report.md'}")
-        self.state.phase = "DONE"
+
+    def _hand_back(self) -> None:
+        """Leave the target as the manifest asked: with `git_commit: false`, the user's branch checked out again
+        with the best files uncommitted (the campaign's commits kept under refs/turbo-opt/); in workspace
+        mode, the best files synced into the target's checkout and the worktree removed. Saved at once: a
+        kill after this does not do it twice."""
+        m = self.manifest
+        best_files = {path: self.lineage.show(self.state.best_commit, path) for path in m.files}
+        changed = [p for p in m.files if best_files[p] != self.lineage.show(self.state.start_commit, p)]
+        workspace = m.repo is not None and m.execution_mode == "workspace"
+        repo = Lineage(m.repo) if m.repo is not None else self.lineage
+        if workspace:
+            repo.remove_worktree(self.checkout)
+        if not m.git_commit:
+            ref = f"refs/turbo-opt/{m.name}"
+            if not workspace:
+                repo.switch(self.state.start_branch or self.state.start_commit)
+            repo.keep_as_ref(self.state.branch, ref)
+            self.state.notes.append(f"git_commit false: the campaign's commits are kept under {ref}, not on a branch")
+        if workspace:
+            self.state.notes.append(self._sync_back(repo, best_files, changed))
+        elif not m.git_commit and changed:
+            for path in changed:
+                atomic_write_text(self.lineage.root / path, best_files[path])
+            self.state.notes.append(f"the best version of {', '.join(changed)} is left uncommitted in "
+                                    f"{self.lineage.root}")
+        self.state.handed_back = True
+        self.save()
+
+    def _sync_back(self, repo: Lineage, best_files: dict[str, str], changed: list[str]) -> str:
+        """Write the best files into the target's own checkout, unless someone changed them there meanwhile."""
+        if not changed:
+            return f"workspace mode: no file of the best differs from the start; {repo.root} is as it was"
+        edited = [p for p in changed if (repo.root / p).read_text() != repo.show(self.state.start_commit, p)]
+        if edited:
+            return (f"workspace mode: NOT synced back: {', '.join(edited)} changed in {repo.root} during the "
+                    f"campaign; the best is on branch {self.state.branch} (commit {self.state.best_commit[:10]})")
+        for path in changed:
+            atomic_write_text(repo.root / path, best_files[path])
+        return (f"workspace mode: the best version of {', '.join(changed)} synced into {repo.root} (uncommitted; "
+                f"the rounds are on branch {self.state.branch})")
 
     def _check_reproduction(self, final_dir: Path) -> None:
         """Do the accepted gains hold in a final bench of the best next to the start commit (paired, so a
@@ -513,8 +667,8 @@ class Campaign:
         csv = final_dir / "start.csv"
         self.lineage.restore(self.state.start_commit, self.manifest.files)
         try:
-            start = self._bench(BenchRequest(self.run_dir / "representative.yaml", csv, final_dir / "start.log"),
-                                "the start commit next to the best")
+            start = self._bench(BenchRequest(self.run_dir / "representative.yaml", csv, final_dir / "start.log",
+                                             scope="representative"), "the start commit next to the best")
         finally:
             self.at_best()
         metric = self.manifest.primary_metric

@@ -115,6 +115,8 @@ class CampaignState(BaseModel):
     round: int = 1
     branch: str = ""
     start_commit: str = ""
+    # The branch checked out in the target's checkout at the start (None: a detached HEAD).
+    start_branch: str | None = None
     best_commit: str = ""
     best_round: int = 1
     harness_hash: str = ""
@@ -133,6 +135,11 @@ class CampaignState(BaseModel):
     final_representative: Measurement | None = None
     reproduced: bool | None = None
     reproduction: str = ""
+    # What the campaign decided on its own that a reader must know (a forward-only kernel scored on forward,
+    # the best files synced back into the target's checkout, ...): the report lists them.
+    notes: list[str] = []
+    # REPORT left the target as the manifest asked (branch, uncommitted best, workspace synced back).
+    handed_back: bool = False
 
     @property
     def current(self) -> RoundRecord:

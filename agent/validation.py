@@ -1,8 +1,8 @@
-"""VALIDATE: the candidate benchmarked in a subprocess with every check of the referee (on unannounced
-shapes too), then the best commit benchmarked right after it on the representative shapes: the pair
-every comparison of DECIDE is made within, so that a machine whose speed drifts between rounds
-cannot decide. A candidate that raised, or that failed only where the campaign did not look, gets
-its verdict here, before any timing is compared."""
+"""VALIDATE: the target's focused test where it has one, the candidate benchmarked in a subprocess with
+every check of the referee (on unannounced shapes too), then the best commit benchmarked right after it
+on the representative shapes: the pair every comparison of DECIDE is made within, so that a machine
+whose speed drifts between rounds cannot decide. A candidate that broke the test, raised, or failed
+only where the campaign did not look gets its verdict here, before any timing is compared."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class Tree(Protocol):
 
     def at_candidate(self, number: int) -> None: ...
 
+    def focused_test(self, log: Path) -> str | None:
+        """Run the target's focused test on the tree as it is: None if it passes (or there is none), else why not."""
+
 
 @dataclass(frozen=True)
 class Validation:
@@ -53,9 +56,14 @@ def validate(record: RoundRecord, run_dir: Path, manifest: Manifest, bench: Benc
     representative = run_dir / "representative.yaml"
     which = "all" if record.full_validation else "representative"
     tree.at_candidate(record.number)
+    if n == 0:  # the target's own tests first: a candidate that breaks them is wrong, however fast
+        failure = tree.focused_test(rd / "artifacts" / "test.log")
+        if failure is not None:
+            return Validation(status="ROLLBACK", reason=failure)
     try:
         summary = bench(BenchRequest(run_dir / "shapes.yaml" if record.full_validation else representative, csv,
-                                     csv.with_suffix(".log"), probe_seed=probe_seed()),
+                                     csv.with_suffix(".log"), probe_seed=probe_seed(),
+                                     scope="all" if record.full_validation else "representative"),
                         f"round {record.number} ({which} shapes)")
     except BenchError as exc:
         return Validation(status="ERROR", reason=str(exc))
@@ -76,8 +84,8 @@ def validate(record: RoundRecord, run_dir: Path, manifest: Manifest, bench: Benc
     reference_csv = csv.with_name(csv.name.replace("benchmark", "reference"))
     tree.at_best()
     try:
-        reference = bench(BenchRequest(representative, reference_csv, reference_csv.with_suffix(".log")),
-                          "the best next to it")
+        reference = bench(BenchRequest(representative, reference_csv, reference_csv.with_suffix(".log"),
+                                       scope="representative"), "the best next to it")
     except BenchError as exc:
         return Validation(status="ERROR", reason=f"re-measuring the best failed: {exc}")
     return Validation(candidate, score(reference, metric, reference_csv.relative_to(run_dir).as_posix(), labels,

@@ -111,6 +111,22 @@ if ATTENTION.header != ATTENTION_HEADER:
     raise RuntimeError("harness.schema: the attention schema no longer produces the frozen header")
 
 
+def schema_of_header(header: str, name: str) -> CsvSchema | None:
+    """The schema a header follows by the convention (`label, <dims>, Check, Forward <metric>, ...,
+    <output>_snr...`), named `name`; None if it does not. For a kernel outside turbo-opt whose CSV no
+    declared schema describes."""
+    columns = header.strip().split(",")
+    if columns[0] != "label" or "Check" not in columns:
+        return None
+    check = columns.index("Check")
+    after = columns[check + 1:]
+    if not after or not after[0].startswith("Forward "):
+        return None
+    outputs = tuple(c.removesuffix("_snr") for c in after if c.endswith("_snr"))
+    schema = CsvSchema(name, tuple(columns[1:check]), after[0].removeprefix("Forward "), outputs)
+    return schema if outputs and _holds(columns, schema) else None
+
+
 def get_schema(name: str) -> CsvSchema:
     try:
         return SCHEMAS[name]

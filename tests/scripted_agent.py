@@ -3,6 +3,8 @@
 PLAN maps a round number to what the agent does in that round (the runner gives the round in
 TURBO_OPT_ROUND, the request on stdin, the proposal path in TURBO_OPT_PROPOSAL):
   {"candidate": NAME}     apply that candidate of tests/adversarial/cheats.py (a cheat, or HONEST)
+  {"replace": [PATH, OLD, NEW], "name": NAME}
+                          replace the text OLD by NEW in PATH (relative to the checkout it works in)
   {"exit": CODE}          crash with that status after printing a line
   {"sleep": SECONDS}      hang (with a grandchild in its process group that must die with it)
   {"proposal": false}     with "candidate": edit as asked but write no proposal.json
@@ -39,6 +41,13 @@ def main() -> int:
         candidate = CANDIDATES[step["candidate"]]
         candidate.apply(Path(os.environ["TURBO_OPT_ROOT"]))
         name = candidate.name
+    elif "replace" in step:
+        path, old, new = step["replace"]
+        target = Path(os.environ["TURBO_OPT_ROOT"]) / path
+        text = target.read_text()
+        assert old in text, f"scripted agent: {old!r} is not in {target}"
+        target.write_text(text.replace(old, new))
+        name = step["name"]
     elif step.get("proposal_only"):
         name = "nothing at all"
     else:

@@ -46,6 +46,8 @@ class RoundContext:
     children: ChildRegistry
     # The proposer's own notes, kept in state.json between rounds and runs.
     scratch: dict[str, Any] = field(default_factory=dict)
+    # turbo-opt's checkout holding the campaign, where it is not `root` (an external target's checkout).
+    home: Path | None = None
 
 
 @dataclass(frozen=True)

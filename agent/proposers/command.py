@@ -45,6 +45,7 @@ class CommandProposer(Proposer):
             "TURBO_OPT_PROPOSAL": str(context.round_dir / "proposal.json"),
             "TURBO_OPT_MUTABLE_FILES": "\n".join(context.manifest.files),
             "TURBO_OPT_OP": context.manifest.op,
+            "TURBO_OPT_HOME": str(context.home or context.root),
         }
 
     def propose(self, context: RoundContext) -> Outcome:
