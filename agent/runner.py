@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-import yaml
 from rich.console import Console
 
 from agent import lock
@@ -48,7 +47,7 @@ from harness.meta import harness_hash, read_meta
 from harness.registry import get_spec
 from harness.rules import load_rules
 from harness.schema import FAIL, Summary, read_summary
-from harness.shapes import Shape, load_shape_file, load_shapes
+from harness.shapes import Shape, load_shape_file, load_shapes, write_shape_file
 from harness.stats import geomean
 from kernels.common.device import default_device, interpreter_mode
 from kernels.common.opspec import OpSpec
@@ -69,10 +68,6 @@ def pick_representative(shapes: list[Shape], flops: dict[str, float], limit: int
     if skewed:
         picked.append(skewed[-1].label)
     return list(dict.fromkeys(picked))[:limit]
-
-
-def write_shapes(path: Path, shapes: list[Shape]) -> Path:
-    return atomic_write_text(path, yaml.safe_dump({"shapes": [s.model_dump(mode="json") for s in shapes]}))
 
 
 class Campaign:
@@ -368,7 +363,7 @@ class Campaign:
         rd = self.round_dir(1)
         shapes = self.shapes()
         if shapes:
-            write_shapes(self.run_dir / "shapes.yaml", shapes)
+            write_shape_file(self.run_dir / "shapes.yaml", shapes)
         csv = rd / "artifacts" / "benchmark.csv"
         failure = self.focused_test(rd / "artifacts" / "test.log")
         if failure is not None:
@@ -387,7 +382,7 @@ class Campaign:
         if not shapes:
             dims = summary.frame.set_index("label")[list(summary.schema.dims)].to_dict("index")
             shapes = shapes_of(summary.labels, dims)
-            write_shapes(self.run_dir / "shapes.yaml", shapes)
+            write_shape_file(self.run_dir / "shapes.yaml", shapes)
         if self.manifest.external and self.manifest.csv_schema is None:  # freeze the header the baseline wrote
             s = summary.schema
             declared = SchemaDeclaration(name=s.name, dims=list(s.dims), metric=s.metric, outputs=list(s.outputs))
@@ -400,7 +395,7 @@ class Campaign:
         self.manifest = self.manifest.model_copy(update={"representative_shapes": reps})
         self.state.manifest = self.manifest
         write_manifest(self.manifest, self.run_dir / "manifest.yaml")
-        write_shapes(self.run_dir / "representative.yaml", [s for s in shapes if s.label in reps])
+        write_shape_file(self.run_dir / "representative.yaml", [s for s in shapes if s.label in reps])
         metric = self.manifest.primary_metric
         fresh_ms = read_meta(csv).fresh_ms
         self.state.baseline = score(summary, metric, self.rel(csv), None, fresh_ms)

@@ -189,12 +189,14 @@ def gate(
     """Fail (exit 1) if the candidate has a FAIL row or a shape regresses past the limit."""
     if max_regression is None:
         max_regression = load_rules().per_shape_regression_pct
-    base, cand = read_summary(base_csv), read_summary(cand_csv)
+    base, cand = read_summary(base_csv, infer=True), read_summary(cand_csv, infer=True)
     for summary in (base, cand):
         if summary.extra_columns:
             console.print(f"note: {summary.path.name}: columns beside the '{summary.schema.name}' schema's, "
                           f"ignored: {', '.join(summary.extra_columns)}", highlight=False)
     result = compare(base, cand, metric=metric, max_regression_pct=max_regression)
+    if result.note:
+        console.print(f"note: {result.note}", highlight=False)
     console.print(render_gate(result, base_csv.name, cand_csv.name))
     console.print(f"geomean ({result.metric}, PASS rows): {result.geomean:.3f}x")
     for failure in result.failures:

@@ -42,6 +42,8 @@ class GateResult:
     max_regression_pct: float
     shapes: tuple[ShapeComparison, ...]
     failures: tuple[str, ...]
+    # Why the metric compared is not the one asked for (a kernel without backward is gated on its forward).
+    note: str = ""
 
     @property
     def passed(self) -> bool:
@@ -57,8 +59,10 @@ def _match(base: Summary, cand: Summary) -> tuple[list[str], list[str]]:
     unlabeled ("?") FAIL rows: those rows are shapes that failed before they had a label, so the
     missing ones count as failed, not as a file of other shapes. Raises a UserError when the files
     hold different shapes otherwise."""
-    if base.schema.name != cand.schema.name:
-        raise UserError(f"{base.path} is schema '{base.schema.name}' but {cand.path} is '{cand.schema.name}'")
+    if base.schema.columns != cand.schema.columns:
+        raise UserError(f"{base.path} is schema '{base.schema.name}' but {cand.path} is '{cand.schema.name}'"
+                        if base.schema.name != cand.schema.name else
+                        f"{base.path} and {cand.path} have different columns")
     base_labels, cand_labels = set(base.labels), set(cand.labels)
     shared = [x for x in base.labels if x in cand_labels]
     only_base = [x for x in base.labels if x not in cand_labels]
@@ -87,6 +91,10 @@ def compare(base: Summary, cand: Summary, metric: str = "step", max_regression_p
     if max_regression_pct < 0:
         raise UserError(f"--max-regression must be >= 0, got {max_regression_pct}")
     shared, failures = _match(base, cand)
+    note = ""
+    if metric != "forward" and not any(s.frame[s.schema.bwd_ms].notna().any() for s in (base, cand)):
+        note = f"no backward is timed in either CSV: gated on forward, not {metric}"
+        metric = "forward"
     base_values, cand_values = base.metric(metric), cand.metric(metric)
     base_checks, cand_checks = base.checks(), cand.checks()
     floor = 1.0 - max_regression_pct / 100.0
@@ -104,4 +112,4 @@ def compare(base: Summary, cand: Summary, metric: str = "step", max_regression_p
         elif s.ratio < floor:
             slower = (1 - s.ratio) * 100
             failures.append(f"{label}: {s.ratio:.3f}x, {slower:.1f}% slower (limit {max_regression_pct:g}%)")
-    return GateResult(metric, max_regression_pct, tuple(shapes), tuple(failures))
+    return GateResult(metric, max_regression_pct, tuple(shapes), tuple(failures), note)

@@ -134,6 +134,9 @@ def get_schema(name: str) -> CsvSchema:
         raise UserError(f"unknown CSV schema '{name}' (declared: {', '.join(SCHEMAS)})") from None
 
 
+# The name of a schema read from a header that follows the convention but that no op declares.
+UNDECLARED = "undeclared"
+
 # The label a summary writer gives a shape that failed before it had one (kernel-optimize's
 # quick_test_bench.py): such rows are failures, not shapes that can be matched across files.
 UNLABELED = "?"
@@ -200,8 +203,10 @@ def _holds(got: list[str], schema: CsvSchema) -> bool:
     return all(column in rest for column in schema.columns)
 
 
-def read_summary(path: str | os.PathLike[str], schema: CsvSchema | None = None) -> Summary:
-    """Read and validate a summary CSV; `schema=None` accepts any declared schema whose columns it holds.
+def read_summary(path: str | os.PathLike[str], schema: CsvSchema | None = None, infer: bool = False) -> Summary:
+    """Read and validate a summary CSV; `schema=None` accepts any declared schema whose columns it holds,
+    and with `infer` also a header no declared schema describes that follows the convention (the CSV of
+    a kernel outside turbo-opt).
 
     Also read as other writers of the frozen schema write it (kernel-optimize's quick_test_bench.py):
     CRLF line endings, extra columns beside the schema's (ignored, named in `extra_columns`), `nan` and
@@ -216,7 +221,8 @@ def read_summary(path: str | os.PathLike[str], schema: CsvSchema | None = None) 
     got = header_line.split(",")
     candidates = [schema] if schema else list(SCHEMAS.values())
     matched = next((s for s in candidates if s.header == header_line), None) \
-        or next((s for s in candidates if _holds(got, s)), None)
+        or next((s for s in candidates if _holds(got, s)), None) \
+        or (schema_of_header(header_line, UNDECLARED) if infer and schema is None else None)
     if matched is None:
         closest = max(candidates, key=lambda s: sum(a == b for a, b in zip(got, s.columns, strict=False)))
         raise UserError(f"{path}: header is not the '{closest.name}' schema: {_header_problem(got, closest)}")

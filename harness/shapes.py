@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from harness.errors import UserError
+from harness.files import atomic_write_text
 from harness.rules import first_error
 
 SKEWS: tuple[str, ...] = ("uniform", "topk", "hot", "empty")
@@ -358,6 +359,11 @@ PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
 
 def preset_names(family: str) -> list[str]:
     return list(PRESETS.get(family, {}))
+
+
+def write_shape_file(path: Path, shapes: list[Shape]) -> Path:
+    """A YAML shape file (`shapes: [...]`) that load_shape_file reads back, written atomically."""
+    return atomic_write_text(path, yaml.safe_dump({"shapes": [s.model_dump(mode="json") for s in shapes]}))
 
 
 def load_shape_file(path: str | Path) -> list[Shape]:

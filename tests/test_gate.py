@@ -113,3 +113,29 @@ def test_the_gate_command_exits_1_on_a_template_fail_and_names_the_ignored_colum
     result = CliRunner().invoke(app, ["gate", str(base), str(cand)])
     assert result.exit_code == 1, result.output
     assert "ignored: note_label" in result.output and "gate FAIL" in result.output
+
+
+def forward_only_csv(path, rates):
+    """A memory-bound kernel's summary that no turbo-opt op declares, forward only, written the template's way."""
+    columns = ["label", "N", "Check", "Forward GB/s", "Forward GB/s_stddev", "Backward GB/s", "Backward GB/s_stddev",
+               "Forward Time (ms)", "Backward Time (ms)", "out_snr"]
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        for (label, n), rate in zip((("n384", 384), ("n640", 640)), rates, strict=True):
+            writer.writerow({"label": label, "N": n, "Check": "PASS", "Forward GB/s": rate, "Forward GB/s_stddev": 0.0,
+                             "Backward GB/s": math.nan, "Backward GB/s_stddev": math.nan,
+                             "Forward Time (ms)": 12 * n / rate / 1e6, "Backward Time (ms)": math.nan,
+                             "out_snr": 150.0})
+    return path
+
+
+@pytest.mark.parametrize("rates, exit_code", [((100.0, 200.0), 0), ((100.0, 180.0), 1)])
+def test_an_undeclared_forward_only_csv_is_gated_on_its_forward(tmp_path, rates, exit_code):
+    base = forward_only_csv(tmp_path / "b.csv", (100.0, 200.0))
+    cand = forward_only_csv(tmp_path / "c.csv", rates)
+    result = CliRunner().invoke(app, ["gate", str(base), str(cand)])
+    assert result.exit_code == exit_code, result.output
+    assert "gated on forward, not step" in result.output
+    with pytest.raises(UserError, match="header is not"):  # only the gate reads an undeclared header
+        read_summary(base)
