@@ -74,12 +74,14 @@ def start(
     variant: Annotated[str | None, typer.Option(help="The op's variant, e.g. e4m3-rowwise.")] = None,
     repeats: Annotated[int | None, typer.Option(help="Timed calls per measurement.")] = None,
     proposer: Annotated[str | None, typer.Option(help="search or manual (a command agent needs a manifest).")] = None,
+    repo: Annotated[Path | None, typer.Option(help="An external target's checkout (overrides the manifest's).")] = None,
     wait: Annotated[bool, typer.Option(help=WAIT_HELP)] = False,
 ) -> None:
     """Start a campaign: baseline, then rounds of one change each, accepted as commits or rolled back."""
     root = repo_root()
     overrides = {k: v for k, v in {"shapes": shapes, "max_iterations": max_iterations, "campaign": name,
-                                   "variant": variant, "repeats": repeats, "proposer": proposer}.items()
+                                   "variant": variant, "repeats": repeats, "proposer": proposer,
+                                   "repo": str(repo.resolve()) if repo else None}.items()
                  if v is not None}
     if manifest is not None:
         data = load_manifest(manifest, warn=lambda note: err_console.print(f"note: {note}", highlight=False)
