@@ -38,6 +38,7 @@ module is found wherever an attribute chain passes through it (`torch.jit._scrip
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -264,11 +265,11 @@ def _module_level(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return True
 
 
-def _import_rule(path: str, relative: bool) -> tuple[str, str] | None:
+def _import_rule(path: str, relative: bool, packages: frozenset[str]) -> tuple[str, str] | None:
     rule = _path_rule(path)
     if rule:
         return rule[0], f"imports {path}"
-    if not relative and path.split(".")[0] not in ALLOWED_MODULES:
+    if not relative and path.split(".")[0] not in ALLOWED_MODULES | packages:
         return "forbidden-import", f"imports {path}"
     return None
 
@@ -287,7 +288,23 @@ def _name_getter_rule(call: ast.Call) -> tuple[str, str] | None:
     return None
 
 
-def audit_source(file: str, source: str) -> list[Finding]:
+def new_findings(file: str, before: str, after: str, packages: frozenset[str] = frozenset()) -> list[Finding]:
+    """The findings of `after` that `before` (the file at the best commit) did not have: a candidate answers
+    for what it adds, not for what an external code base already does (compared by rule and detail, since
+    an edit moves the lines)."""
+    known = Counter((f.rule, f.detail) for f in audit_source(file, before, packages)) if before else Counter()
+    added = []
+    for finding in audit_source(file, after, packages):
+        if known[(finding.rule, finding.detail)] > 0:
+            known[(finding.rule, finding.detail)] -= 1
+        else:
+            added.append(finding)
+    return added
+
+
+def audit_source(file: str, source: str, packages: frozenset[str] = frozenset()) -> list[Finding]:
+    """Every finding in `source`; `packages` are the target's own top-level packages, which its kernel
+    files may import besides the allowlist."""
     tree = ast.parse(source, filename=file)
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     resolver = _Resolver(tree)
@@ -306,7 +323,7 @@ def audit_source(file: str, source: str) -> list[Finding]:
         if isinstance(node, ast.Import | ast.ImportFrom):
             relative = isinstance(node, ast.ImportFrom) and node.level > 0
             for _, path in _import_paths(node):
-                add(node, _import_rule(path.removesuffix(".*"), relative))
+                add(node, _import_rule(path.removesuffix(".*"), relative, packages))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             path = resolver.resolve(node)
             if path:

@@ -38,7 +38,7 @@ from agent.scoring import reproduction, score, stagnated
 from agent.screening import capture, screen
 from agent.standings import primary_vendor, standings, vendors
 from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
-from agent.target import benchmark_command, csv_schema, focused_test, measure, shapes_of
+from agent.target import benchmark_command, csv_schema, focused_test, measure, own_packages, shapes_of
 from agent.termination import Progress, stop_conditions, stop_reason
 from agent.validation import probe_seed, validate
 from harness.errors import UserError
@@ -510,8 +510,8 @@ class Campaign:
         record = self.state.current
         assert record.candidate is not None
         self.at_best()
-        verdict = screen(self.lineage, record.candidate, self.manifest.files,
-                         self.round_dir(record.number) / "candidate.diff")
+        verdict = screen(self.lineage, record.candidate, self.manifest.files, self.round_dir(record.number)
+                         / "candidate.diff", own_packages(self.checkout, self.manifest.files))
         if verdict is not None:
             record.status, record.reason = verdict.status, verdict.reason
             self.at_best()

@@ -10,12 +10,13 @@ ROLLBACK. Whatever the verdict, the candidate's whole diff stays in the round's 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from agent.audit import audit_source, write_scope
+from agent.audit import new_findings, write_scope
 from agent.lineage import Lineage
 from agent.state import Candidate, Proposal, RoundStatus
 from harness.files import atomic_write_text
@@ -42,11 +43,14 @@ def capture(lineage: Lineage, proposal: Proposal, proposer: str, *, branch: str,
                      lineage_problem=lineage.lineage_problem(branch, best, stash))
 
 
-def screen(lineage: Lineage, candidate: Candidate, mutable: list[str], diff_path: Path) -> Verdict | None:
+def screen(lineage: Lineage, candidate: Candidate, mutable: list[str], diff_path: Path,
+           packages: frozenset[str] = frozenset()) -> Verdict | None:
     """Judge a captured candidate; None: go on to VALIDATE, with the diff applied.
 
     The caller has put the tree back exactly at the best commit (and the protected files back); the
     diff is applied here once the paths are in scope, and on a verdict the caller puts the tree back.
+    The audit charges the candidate with the findings it adds to the best commit's files; `packages`
+    are the target's own packages, which its kernel files may import.
     """
     if candidate.lineage_problem:
         return Verdict("ERROR", f"git history: the candidate {candidate.lineage_problem}; the campaign branch, "
@@ -67,10 +71,13 @@ def screen(lineage: Lineage, candidate: Candidate, mutable: list[str], diff_path
                if path.endswith(".py") and (lineage.root / path).exists()}
     for path, source in sources.items():
         try:
-            compile(source, path, "exec")
+            with warnings.catch_warnings():  # a code base's own SyntaxWarnings are not the candidate's
+                warnings.simplefilter("ignore", SyntaxWarning)
+                compile(source, path, "exec")
         except SyntaxError as exc:
             return Verdict("ERROR", f"does not compile: {path}:{exc.lineno}: {exc.msg}")
-    findings = [f for path, source in sources.items() for f in audit_source(path, source)]
+    findings = [f for path, source in sources.items()
+                for f in new_findings(path, lineage.show("HEAD", path), source, packages)]
     if findings:
         return Verdict("ROLLBACK", f"audit: {'; '.join(map(str, findings))}")
     return None

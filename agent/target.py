@@ -34,17 +34,23 @@ from harness.shapes import Shape
 SHELL = shutil.which("bash") or "/bin/sh"
 
 
+def _import_root(checkout: Path, rel: str) -> tuple[Path, str | None]:
+    """Where `rel` imports from, and its top-level package: for a file inside a package (directories with
+    __init__.py), the parent of the top package and its name; else the file's directory and None."""
+    folder, top = (checkout / rel).parent, None
+    while (folder / "__init__.py").exists() and folder != checkout:
+        folder, top = folder.parent, folder.name
+    return folder, top
+
+
 def import_roots(checkout: Path, files: list[str]) -> list[Path]:
-    """The directories to put on sys.path so that `files` import from `checkout`: for a file inside a
-    package (directories with __init__.py), the parent of its top package; else the file's directory."""
-    roots: list[Path] = []
-    for rel in files:
-        folder = (checkout / rel).parent
-        while (folder / "__init__.py").exists() and folder != checkout:
-            folder = folder.parent
-        if folder not in roots:
-            roots.append(folder)
-    return roots
+    """The directories to put on sys.path so that `files` import from `checkout` (src/ for src layouts)."""
+    return list(dict.fromkeys(_import_root(checkout, rel)[0] for rel in files))
+
+
+def own_packages(checkout: Path, files: list[str]) -> frozenset[str]:
+    """The top-level packages the mutable files belong to (liger_kernel, kernels): theirs to import."""
+    return frozenset(top for rel in files if (top := _import_root(checkout, rel)[1]) is not None)
 
 
 def command_environment(checkout: Path, files: list[str], extra: Mapping[str, str] = {}) -> dict[str, str]:

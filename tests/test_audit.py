@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.audit import RULES, audit_source
+from agent.audit import RULES, audit_source, new_findings
 from harness.files import REPO_ROOT
 from harness.registry import all_specs
 
@@ -147,3 +147,18 @@ def test_real_kernel_files_are_clean():
     for path in sorted(files):
         rules = {f.rule for f in audit_source(path, Path(REPO_ROOT / path).read_text())}
         assert rules == REFEREE_SIDE.get(path, set()), (path, rules)
+
+
+def test_a_candidate_answers_for_the_findings_it_adds_not_for_the_code_base():
+    """An external code base may already sync the host or import its own helpers: only what the candidate
+    adds is charged, compared by rule and detail (an edit above them moves their lines)."""
+    before = "import torch\nfrom liger_kernel.ops.utils import calculate_settings\n\ndef f(x):\n    return x.item()\n"
+    moved = "import torch\nfrom liger_kernel.ops.utils import calculate_settings\n\nBLOCK = 2\n\ndef f(x):\n" \
+            "    return x.item()\n"
+    assert new_findings("k.py", before, moved, frozenset({"liger_kernel"})) == []
+    assert [f.rule for f in new_findings("k.py", before, moved)] == []  # the import was there before
+    added = moved + "\ndef g(x):\n    return x.item()\n"
+    assert [f.rule for f in new_findings("k.py", before, added, frozenset({"liger_kernel"}))] == ["host-sync"]
+    own_import = moved + "from liger_kernel.ops.utils import compare_version\n"
+    assert new_findings("k.py", before, own_import, frozenset({"liger_kernel"})) == []
+    assert [f.rule for f in new_findings("k.py", before, own_import)] == ["forbidden-import"]
