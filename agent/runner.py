@@ -450,6 +450,7 @@ class Campaign:
             record.reason = verdict.reason
             record.gain_pct = verdict.gain_pct if math.isfinite(verdict.gain_pct) else None
             record.fresh_gain_pct = verdict.fresh_gain_pct if math.isfinite(verdict.fresh_gain_pct) else None
+            record.spread_pct = verdict.spread_pct if math.isfinite(verdict.spread_pct) else None
         ratios = (attribution(self.run_dir / record.measurements[-1].csv, self.run_dir / record.references[-1].csv)
                   if record.measurements and record.references else {})
         if record.status == "ACCEPT":

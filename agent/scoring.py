@@ -65,58 +65,94 @@ class Decision:
     reason: str
     gain_pct: float
     fresh_gain_pct: float = math.nan
+    # Highest minus lowest of the A/B pairs' own gains (%): how far the repeats disagreed (nan with one pair).
+    spread_pct: float = math.nan
+
+
+def reference_outliers(references: Sequence[Measurement], recorded: Measurement, shapes: Sequence[str],
+                       rules: IterationRules) -> dict[str, set[int]]:
+    """Per shape, which re-measurements of the best (their indices) are far from its recorded number there:
+    off by more than `reference_outlier_pct` once the machine's common drift (the median over the shapes
+    of re-measured over recorded) is divided out. A slow machine moves every shape alike; an outlier one."""
+    outliers: dict[str, set[int]] = {}
+    for i, ref in enumerate(references):
+        ratios = {label: ref.per_shape[label] / recorded.per_shape[label] for label in shapes
+                  if recorded.per_shape.get(label, math.nan) > 0}
+        finite = [r for r in ratios.values() if math.isfinite(r)]
+        if not finite:
+            continue
+        drift = statistics.median(finite)
+        for label, r in ratios.items():
+            if not math.isfinite(r) or abs(r / drift - 1.0) * 100.0 > rules.reference_outlier_pct:
+                outliers.setdefault(label, set()).add(i)
+    return outliers
 
 
 def decide(
     candidate: Sequence[Measurement], references: Sequence[Measurement], metric: str, rules: IterationRules,
-    shapes: Sequence[str],
+    shapes: Sequence[str], recorded: Measurement | None = None,
 ) -> Decision:
     """ACCEPT, ROLLBACK or REMEASURE a candidate measured `len(candidate)` times against the best.
 
     `references` are the best commit's measurements: one per candidate measurement, taken next to
-    it (paired, so that a machine whose speed drifts between rounds cannot decide), or the single
-    recorded best. Any FAIL rejects. A shape more than `implausible_speedup` times the best is
-    re-measured (a new process) and rejected unless reproduced. The aggregate gain (median over the
-    measurements) must beat the best and no shape may regress past the per-shape limit; a gain
-    inside the noise floor is re-measured up to the rules' count and then accepted only if every
-    measurement beat the best. An accepted gain must survive fresh input tensors
-    (`fresh_gain_fraction` of it), or it is overfit; and a candidate that is faster with reused
-    tensors than with fresh ones by more than `cache_gap_pct`, and by that much more than the best
-    is, keeps results between calls (a cache), whatever its gain.
+    it (A/B pairs, so that a machine whose speed drifts between rounds cannot decide), or the single
+    recorded best. `recorded` is the best's recorded measurement: a re-measurement far from it on a
+    shape (`reference_outliers`) does not count on that shape, and a shape left with no pair that
+    counts is re-measured (up to the rules' count; then every pair counts). The basis of everything
+    below is, per shape, the median over the pairs of candidate over best, and the gain is their
+    geomean: the step geomean ratio of one pair, and one outlying pair cannot carry it.
+
+    Any FAIL rejects. A shape more than `implausible_speedup` times the best is re-measured (a new
+    process) and rejected unless reproduced. The gain must beat the best and no shape may regress
+    past the per-shape limit; a gain inside the noise floor is re-measured up to the rules' count
+    and then accepted only if every pair beat the best. An accepted gain must survive fresh input
+    tensors (`fresh_gain_fraction` of it), or it is overfit; and a candidate that is faster with
+    reused tensors than with fresh ones by more than `cache_gap_pct`, and by that much more than the
+    best is, keeps results between calls (a cache), whatever its gain.
     """
-    if len(references) not in (1, len(candidate)):
-        raise ValueError(f"{len(references)} reference measurements for {len(candidate)} candidate measurements")
-    pairs = list(zip(candidate, references if len(references) > 1 else references * len(candidate), strict=True))
     last = candidate[-1]
     if not last.all_pass:
         return Decision("ROLLBACK", f"FAIL on {', '.join(last.failed)}", math.nan)
+    if len(references) not in (1, len(candidate)):
+        raise ValueError(f"{len(references)} reference measurements for {len(candidate)} candidate measurements")
+    pairs = list(zip(candidate, references if len(references) > 1 else references * len(candidate), strict=True))
     fresh = [m.fresh_geomean / ref.fresh_geomean - 1.0 for m, ref in pairs
              if m.fresh_geomean is not None and ref.fresh_geomean is not None]
     fresh_pct = 100.0 * statistics.median(fresh) if fresh else math.nan
     cache = _cache_gap(pairs, metric, rules)
     if cache:
         return Decision("ROLLBACK", cache, math.nan, fresh_pct)
-
-    def shape_ratios(label: str) -> list[float]:
-        return [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs]
-
-    wild = {label: shape_ratios(label)[0] for label in shapes if shape_ratios(label)[0] > rules.implausible_speedup}
+    ratios = {label: [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs] for label in shapes}
+    outliers = reference_outliers([ref for _, ref in pairs], recorded, shapes, rules) if recorded else {}
+    kept = {label: [r for i, r in enumerate(rs) if i not in outliers.get(label, set())] for label, rs in ratios.items()}
+    unsettled = [label for label in shapes if not kept[label]]
+    if unsettled:
+        label = unsettled[0]
+        off = pairs[-1][1].per_shape[label] / recorded.per_shape[label] if recorded else math.nan
+        if len(candidate) < 1 + rules.remeasure_count:
+            return Decision("REMEASURE", f"the best re-measured at {off:.2f}x its recorded {metric} on {label}, "
+                            "an outlier: re-measuring both", math.nan)
+        kept = ratios  # every re-measurement spent: the median over all of them
+    wild = {label: rs[0] for label, rs in kept.items() if rs[0] > rules.implausible_speedup}
     if wild:
         shown = ", ".join(f"{label} {r:.1f}x" for label, r in wild.items())
-        if len(candidate) == 1:
+        if any(len(kept[label]) == 1 for label in wild):
             return Decision("REMEASURE", f"implausible ({shown} the best): re-measuring in isolation", math.nan)
-        if any(abs(shape_ratios(label)[-1] / r - 1) * 100 > 2 * rules.noise_floor_pct for label, r in wild.items()):
+        if any(abs(kept[label][-1] / r - 1) * 100 > 2 * rules.noise_floor_pct for label, r in wild.items()):
             return Decision("ROLLBACK", f"implausible and not reproducible: {shown}", math.nan)
-    gains = [m.geomeans[metric] / ref.geomeans[metric] - 1.0 for m, ref in pairs]
-    verdict = _decide_gain(gains, {label: statistics.median(shape_ratios(label)) for label in shapes}, metric,
-                           rules, len(candidate))
-    verdict = Decision(verdict.verdict, verdict.reason, verdict.gain_pct, fresh_pct)
+    per_shape = {label: statistics.median(rs) for label, rs in kept.items()}
+    pair_gains = [geomean(ratios[label][i] if i not in outliers.get(label, set()) else per_shape[label]
+                          for label in shapes) - 1.0 for i in range(len(pairs))]
+    spread = 100.0 * (max(pair_gains) - min(pair_gains)) if len(pairs) > 1 else math.nan
+    verdict = _decide_gain(100.0 * (geomean(per_shape.values()) - 1.0), pair_gains, per_shape, metric, rules)
+    verdict = Decision(verdict.verdict, verdict.reason, verdict.gain_pct, fresh_pct, spread)
     if verdict.verdict != "ACCEPT" or not fresh:
         return verdict
     if fresh_pct < rules.fresh_gain_fraction * verdict.gain_pct:
         return Decision("ROLLBACK", f"overfit: {verdict.gain_pct:+.2f}% with reused tensors, {fresh_pct:+.2f}% with "
-                        "fresh ones", verdict.gain_pct, fresh_pct)
-    return Decision("ACCEPT", f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)", verdict.gain_pct, fresh_pct)
+                        "fresh ones", verdict.gain_pct, fresh_pct, spread)
+    return Decision("ACCEPT", f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)", verdict.gain_pct, fresh_pct,
+                    spread)
 
 
 def _cache_gap(pairs: Sequence[tuple[Measurement, Measurement]], metric: str, rules: IterationRules) -> str | None:
@@ -138,11 +174,10 @@ def _cache_gap(pairs: Sequence[tuple[Measurement, Measurement]], metric: str, ru
 
 
 def _decide_gain(
-    gains: Sequence[float], ratios: Mapping[str, float], metric: str, rules: IterationRules, measured: int
+    gain_pct: float, pair_gains: Sequence[float], ratios: Mapping[str, float], metric: str, rules: IterationRules,
 ) -> Decision:
-    """The aggregate-gain and per-shape-regression part of `decide`: `gains` per measurement,
-    `ratios` per shape (candidate over best, median over the measurements)."""
-    gain_pct = 100.0 * statistics.median(gains)
+    """The aggregate-gain and per-shape-regression part of `decide`: `gain_pct` the geomean of `ratios` (per
+    shape, candidate over best, median over the pairs), `pair_gains` each pair's own."""
     worst = min(ratios, key=ratios.__getitem__)
     limit = rules.per_shape_regression_pct
     if ratios[worst] < 1.0 - limit / 100.0:
@@ -153,11 +188,12 @@ def _decide_gain(
         return Decision("ACCEPT", f"{metric} geomean {gain_pct:+.2f}% over the best", gain_pct)
     if gain_pct <= -floor:
         return Decision("ROLLBACK", f"{metric} geomean {gain_pct:+.2f}%: slower than the best", gain_pct)
-    if measured < 1 + rules.remeasure_count:
+    if len(pair_gains) < 1 + rules.remeasure_count:
         return Decision("REMEASURE", f"{gain_pct:+.2f}% is inside the {floor:g}% noise floor", gain_pct)
-    if all(g > 0 for g in gains):
-        return Decision("ACCEPT", f"{gain_pct:+.2f}%, ahead in all {len(gains)} measurements", gain_pct)
-    return Decision("ROLLBACK", f"ineffective: {gain_pct:+.2f}% is noise over {len(gains)} measurements", gain_pct)
+    if all(g > 0 for g in pair_gains):
+        return Decision("ACCEPT", f"{gain_pct:+.2f}%, ahead in all {len(pair_gains)} measurements", gain_pct)
+    return Decision("ROLLBACK", f"ineffective: {gain_pct:+.2f}% is noise over {len(pair_gains)} measurements",
+                    gain_pct)
 
 
 def stagnated(consecutive_rollbacks: int, rules: IterationRules) -> bool:
