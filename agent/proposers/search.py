@@ -15,9 +15,7 @@ sees a Proposal with params.
 
 from __future__ import annotations
 
-import ast
 import importlib
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,6 +25,7 @@ from agent.knowledge import Tip
 from agent.manifest import Manifest
 from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
 from agent.state import CampaignState, Proposal, RoundRecord
+from agent.tuning_table import read_tuning, rewrite_table, tuning_file
 from harness.errors import UserError
 
 # Knob families: a campaign works one direction at a time and switches on stagnation.
@@ -46,42 +45,6 @@ PRIOR_GAIN_PCT: dict[tuple[str, int], float] = {
     ("GROUP_M", +1): 1.0, ("GROUP_M", -1): 1.0,
 }
 Move = tuple[str, str, str, int]  # (file, bucket, knob, value)
-
-
-def tuning_file(op: str) -> str:
-    return f"kernels/{op}/tuning.py"
-
-
-def _assignment(tree: ast.Module, name: str) -> ast.Assign | ast.AnnAssign:
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return node
-    raise ValueError(f"no top-level assignment to {name}")
-
-
-def read_tuning(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, dict[str, int]]]:
-    """TUNABLE_SPACE and TUNED_TABLE as the file on disk holds them (literals, read without importing)."""
-    tree = ast.parse(path.read_text())
-    space = ast.literal_eval(_assignment(tree, "TUNABLE_SPACE").value)
-    table = ast.literal_eval(_assignment(tree, "TUNED_TABLE").value)
-    return space, table
-
-
-def rewrite_table(path: Path, table: dict[str, dict[str, int]]) -> None:
-    """Replace the TUNED_TABLE literal in `path`, one bucket a line, leaving the rest untouched."""
-    source = path.read_text()
-    node = _assignment(ast.parse(source), "TUNED_TABLE")
-    lines = source.splitlines(keepends=True)
-    head = lines[node.lineno - 1].split("=", 1)[0].rstrip()
-    body = "".join(f"    {json.dumps(bucket)}: {json.dumps(cfg)},\n" for bucket, cfg in table.items())
-    new = f"{head} = {{\n{body}}}\n"
-    path.write_text("".join(lines[: node.lineno - 1]) + new + "".join(lines[node.end_lineno :]))
 
 
 def preferred_directions(analyses: Sequence[ShapeAnalysis]) -> list[str]:
