@@ -26,6 +26,7 @@ import torch
 from agent.config_space import Config
 from agent.processes import ChildRegistry, TimeLimit, run_child
 from agent.trials import TrialJob, TrialScores
+from harness.files import REPO_ROOT
 
 
 def visible_gpus() -> list[str | None]:
@@ -79,7 +80,9 @@ class TrialPool:
         job_path.write_text(job.model_dump_json())
         out.unlink(missing_ok=True)
         gpu = self.workers[w]
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))}
+        # the campaign's tree first (its kernels), then turbo-opt's own (the trial worker, the harness)
+        path = [str(self.root), str(REPO_ROOT), os.environ.get("PYTHONPATH")]
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         problem = None

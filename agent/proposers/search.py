@@ -1,4 +1,5 @@
-"""The built-in search proposer: one knob of one tuned-table bucket per round.
+"""The built-in search proposer: one knob of one tuned-table bucket per round (with an `algorithm`,
+a bucket retuned per round instead: retune.py).
 
 It reads the op's `kernels/<op>/tuning.py` (TUNABLE_SPACE, TUNED_TABLE, `buckets_for`, which
 says which buckets the campaign's shapes use, and `fits`, which rejects configs the GPU cannot
@@ -22,8 +23,9 @@ from pathlib import Path
 
 from agent.analysis import ShapeAnalysis
 from agent.knowledge import Tip
-from agent.manifest import Manifest
+from agent.manifest import Manifest, ProposerConfig, SearchConfig
 from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
+from agent.proposers.retune import BUDGET, MeasureFactory, retune, trial_pool
 from agent.state import CampaignState, Proposal, RoundRecord
 from agent.tuning_table import read_tuning, rewrite_table, tuning_file
 from harness.errors import UserError
@@ -79,7 +81,19 @@ def learned_gains(tips: Iterable[Tip]) -> dict[tuple[str, int], float]:
 
 
 class SearchProposer(Proposer):
+    """Without an algorithm: one knob of one bucket per round. With one: a bucket retuned per round by
+    that algorithm, many configs tried and the winner proposed (retune.py)."""
+
     name = "search"
+
+    def __init__(self, algorithm: str | None = None, measure_for: MeasureFactory = trial_pool,
+                 budget: int = BUDGET) -> None:
+        self.algorithm, self.measure_for, self.budget = algorithm, measure_for, budget
+
+    @classmethod
+    def from_config(cls, config: ProposerConfig) -> Proposer:
+        assert isinstance(config, SearchConfig)
+        return cls(config.algorithm)
 
     def check(self, manifest: Manifest) -> None:
         if tuning_file(manifest.op) not in manifest.files:
@@ -126,6 +140,8 @@ class SearchProposer(Proposer):
                                                 p.params["new"]))
 
     def propose(self, context: RoundContext) -> Outcome:
+        if self.algorithm:
+            return retune(context, self.algorithm, self.measure_for, self.budget)
         exhausted: list[str] = context.scratch.setdefault("exhausted", [])
         current = context.scratch.get("direction")
         if context.after_stagnation and current and current not in exhausted:
@@ -152,6 +168,10 @@ class SearchProposer(Proposer):
         rewrite_table(path, table)
 
     def next_steps(self, state: CampaignState) -> list[str]:
+        if self.algorithm:
+            done = ", ".join(state.proposer_state.get("settled", [])) or "none"
+            return [f"Buckets the {self.algorithm} search settled (nothing better found, or its winner rolled "
+                    f"back): {done}. Shapes that disagree within a bucket want a bucket split (a tuning.py change)."]
         exhausted = state.proposer_state.get("exhausted", [])
         open_families = [d for d in DIRECTIONS if d not in exhausted]
         lines = [f"Knob families not exhausted: {', '.join(open_families) or 'none'}; a new campaign on this "
