@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from agent.decision import DecisionRecord
-from agent.knowledge import Tip
+from agent.knowledge import Tip, shape_class
 from agent.manifest import Manifest
 from agent.standings import ShapeStanding
 from agent.state import CampaignState, Measurement, RoundRecord, Termination
@@ -43,11 +43,9 @@ def _ratio_pct(ratio: float) -> str:
 def campaign_tips(state: CampaignState) -> list[Tip]:
     """What each closed round taught, as tips with their context (REPORT writes them to tips.yaml)."""
     m = state.manifest
-    shapes = m.shapes if isinstance(m.shapes, str) else "custom shapes"
-    shape_class = f"{shapes}: {', '.join(m.representative_shapes)}"
     return [
         Tip(op=m.op, backend=m.backend, device=state.device, variant=m.resolved_variant,
-            shape_class=shape_class, summary=r.summary, hypothesis=r.candidate.hypothesis,
+            shape_class=shape_class(m), summary=r.summary, hypothesis=r.candidate.hypothesis,
             params=r.candidate.params, proposer=r.candidate.proposer, outcome=r.status, gain_pct=r.gain_pct,
             reason=r.reason, campaign=m.name, commit=r.commit,
             evidence=f"campaigns/runs/{m.name}/rounds/round-{r.number}/decision.json")

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import importlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from agent.analysis import ShapeAnalysis
-from agent.knowledge import Tip
+from agent.knowledge import Tip, shape_class, similarity
 from agent.manifest import Manifest, ProposerConfig, SearchConfig
 from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
 from agent.proposers.retune import BUDGET, MeasureFactory, retune, trial_pool
@@ -60,10 +60,9 @@ def _is_move(params: dict) -> bool:
     return {"file", "bucket", "knob", "old", "new"} <= set(params)
 
 
-def visited_moves(history: Iterable[RoundRecord], tips: Iterable[Tip]) -> frozenset[Move]:
-    """Moves already evaluated in this campaign (either end of each), and moves tips record as ineffective."""
-    seen = {(t.params["file"], t.params["bucket"], t.params["knob"], t.params["new"])
-            for t in tips if t.outcome != "ACCEPT" and _is_move(t.params)}
+def tried_moves(history: Iterable[RoundRecord]) -> frozenset[Move]:
+    """Moves already evaluated in this campaign (either end of each)."""
+    seen: set[Move] = set()
     for record in history:
         params = record.candidate.params if record.candidate else {}
         if record.status != "OPEN" and _is_move(params):
@@ -71,13 +70,24 @@ def visited_moves(history: Iterable[RoundRecord], tips: Iterable[Tip]) -> frozen
     return frozenset(seen)
 
 
-def learned_gains(tips: Iterable[Tip]) -> dict[tuple[str, int], float]:
-    """Mean accepted gain (%) by (knob, +1 up / -1 down)."""
-    gains: dict[tuple[str, int], list[float]] = defaultdict(list)
+def known_ineffective(tips: Iterable[Tip], move: Move, variant: str, shapes: str, config: Mapping[str, int]) -> bool:
+    """A tip recorded this very move as not paying, measured in this very context: the same variant, shape
+    class and whole bucket config (a move measured from another config may pay from this one)."""
+    return any(t.outcome != "ACCEPT" and _is_move(t.params) and
+               (t.params["file"], t.params["bucket"], t.params["knob"], t.params["new"]) == move and
+               similarity(t, variant, shapes, config) == 1.0 for t in tips)
+
+
+def learned_gains(tips: Iterable[Tip], variant: str, shapes: str, config: Mapping[str, int]
+                  ) -> dict[tuple[str, int], float]:
+    """Accepted gain (%) by (knob, +1 up / -1 down), averaged with each tip weighted by how similar its context
+    is to this one (`similarity`)."""
+    weighted: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     for t in tips:
         if t.outcome == "ACCEPT" and t.gain_pct is not None and _is_move(t.params):
-            gains[(t.params["knob"], 1 if t.params["new"] > t.params["old"] else -1)].append(t.gain_pct)
-    return {k: sum(v) / len(v) for k, v in gains.items()}
+            key = (t.params["knob"], 1 if t.params["new"] > t.params["old"] else -1)
+            weighted[key].append((similarity(t, variant, shapes, config), t.gain_pct))
+    return {k: sum(w * g for w, g in v) / sum(w for w, _ in v) for k, v in weighted.items() if sum(w for w, _ in v)}
 
 
 class SearchProposer(Proposer):
@@ -108,10 +118,11 @@ class SearchProposer(Proposer):
         module = importlib.import_module(f"kernels.{op}.tuning")
         fits = getattr(module, "fits", lambda cfg: True)
         used = set().union(*(module.buckets_for(dict(s.dims), variant) for s in context.shapes))
-        visited = visited_moves(context.history, context.tips)
-        learned_pct = learned_gains(context.tips)
+        visited = tried_moves(context.history)
+        shapes = shape_class(context.manifest)
         proposals = []
         for bucket in sorted(used & set(table)):
+            learned_pct = learned_gains(context.tips, variant, shapes, table[bucket])
             for knob in DIRECTIONS[direction]:
                 allowed = space.get(knob, ())
                 current = table[bucket][knob]
@@ -122,7 +133,9 @@ class SearchProposer(Proposer):
                     if not 0 <= i + step < len(allowed):
                         continue
                     new = allowed[i + step]
-                    if (file, bucket, knob, new) in visited or not fits(table[bucket] | {knob: new}):
+                    move = (file, bucket, knob, new)
+                    if (move in visited or not fits(table[bucket] | {knob: new})
+                            or known_ineffective(context.tips, move, variant, shapes, table[bucket])):
                         continue
                     prior = PRIOR_GAIN_PCT[(knob, step)]
                     learned = learned_pct.get((knob, step))
