@@ -70,6 +70,43 @@ def record(context: RoundContext, bucket: str, result: SearchResult) -> None:
     atomic_write_text(path, json.dumps(previous | {bucket: rows}, indent=1) + "\n")
 
 
+def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measure_for: MeasureFactory, bucket: str,
+                      shapes: Sequence[Shape], base: Config, winner: Config,
+                      shape_class: Callable[[dict[str, int]], str] | None) -> dict[str, Config]:
+    """Buckets that follow the shapes: where the bucket's shapes span several classes (the op's
+    `shape_class`, e.g. the layer) and the winner slows one class down past the per-shape regression
+    limit in its own trials, that class gets an entry `<bucket> <class>` of its own: the best its own
+    search finds, or the bucket's config as it was."""
+    if shape_class is None:
+        return {}
+    classes: dict[str, list[Shape]] = {}
+    for shape in shapes:
+        classes.setdefault(shape_class(dict(shape.dims)), []).append(shape)
+    if len(classes) < 2:
+        return {}
+    rules = load_rules()
+    splits = {}
+    for cls, members in sorted(classes.items()):
+        as_was, with_winner = measure_for(context, bucket, members)([base, winner], 1)
+        if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
+            continue
+        own = make_search(algorithm, load_space(context.root, context.manifest.op), budget, seed=context.number)
+        found = own.search(base, measure_for(context, bucket, members))
+        splits[f"{bucket} {cls}"] = found.best if found.gain_pct >= rules.noise_floor_pct else base
+    return splits
+
+
+def with_entries(table: dict[str, Config], bucket: str, config: Config, splits: dict[str, Config]
+                 ) -> dict[str, Config]:
+    """The table with `bucket` set to `config` and its split entries right after it (one line each)."""
+    out: dict[str, Config] = {}
+    for key, value in table.items():
+        out[key] = config if key == bucket else value
+        if key == bucket:
+            out.update(splits)
+    return out
+
+
 def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = trial_pool,
            budget: int = BUDGET) -> Outcome:
     op, variant = context.manifest.op, context.manifest.resolved_variant
@@ -89,17 +126,20 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
         if result.best == base or not result.gain_pct >= floor:
             done.append(bucket)
             continue
-        table[bucket] = result.best
-        rewrite_table(context.root / file, table)
+        splits = split_disagreeing(context, algorithm, budget, measure_for, bucket, shapes, base, result.best,
+                                   getattr(module, "shape_class", None))
+        rewrite_table(context.root / file, with_entries(table, bucket, result.best, splits))
         tried = len({json.dumps(s.config, sort_keys=True) for s in result.screened})
+        split_text = "".join(f"; split '{key}': {describe(base, cfg) or 'kept'}" for key, cfg in splits.items())
         return Proposed(Proposal(
             hypothesis=(f"retune the '{bucket}' bucket ({algorithm} search, {tried} configs tried on "
                         f"{', '.join(s.label for s in shapes)}): the best tried {result.gain_pct:+.1f}% over the "
-                        "current config there"),
-            summary=f"{bucket}: {describe(base, result.best)}",
+                        "current config there" + (", and the layers it would slow down keep a config of their own"
+                                                  if splits else "")),
+            summary=f"{bucket}: {describe(base, result.best)}{split_text}"[:200],
             expected_gain_pct=result.gain_pct,
             params={"file": file, "bucket": bucket, "old": base, "new": result.best, "algorithm": algorithm,
-                    "tried": tried, "trial_gain_pct": round(result.gain_pct, 2)},
+                    "tried": tried, "trial_gain_pct": round(result.gain_pct, 2), "split": splits},
         ))
     return Exhausted(f"{algorithm} search: no bucket left whose trials beat its config by the "
                      f"{floor:g}% noise floor")

@@ -184,7 +184,7 @@ class SearchProposer(Proposer):
         if self.algorithm:
             done = ", ".join(state.proposer_state.get("settled", [])) or "none"
             return [f"Buckets the {self.algorithm} search settled (nothing better found, or its winner rolled "
-                    f"back): {done}. Shapes that disagree within a bucket want a bucket split (a tuning.py change)."]
+                    f"back): {done}."]
         exhausted = state.proposer_state.get("exhausted", [])
         open_families = [d for d in DIRECTIONS if d not in exhausted]
         lines = [f"Knob families not exhausted: {', '.join(open_families) or 'none'}; a new campaign on this "
