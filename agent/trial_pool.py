@@ -30,9 +30,11 @@ from harness.files import REPO_ROOT
 
 
 def visible_gpus() -> list[str | None]:
-    """One entry per worker: the CUDA device each runs on, or [None] (one worker) without CUDA."""
+    """One entry per worker: the CUDA device each runs on (as CUDA_VISIBLE_DEVICES names it, if the runner
+    was given a subset), or [None] (one worker) without CUDA."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [str(i) for i in range(count)] or [None]
+    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return (named[:count] if len(named) >= count else [str(i) for i in range(count)]) or [None]
 
 
 def shares(n_configs: int, workers: int) -> list[list[int]]:

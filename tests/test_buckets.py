@@ -1,6 +1,8 @@
 """Buckets that follow the shapes: a grouped op's table entry split by layer, and the retune search
 proposing the split when the bucket's winner would slow one layer down (fake trials: no GPU)."""
 
+import json
+
 import pytest
 
 from agent.proposers import Proposed
@@ -60,6 +62,8 @@ def test_the_search_splits_a_bucket_whose_winner_slows_one_layer_down(tmp_path):
     keys = list(after)
     assert keys[keys.index(p["bucket"]) + 1] == f"{p['bucket']} 4096x1536"  # right under its bucket, one line
     assert "split" in outcome.proposal.summary and after[p["bucket"]] == p["new"]
+    tried = json.loads((root / "trials.json").read_text())
+    assert set(tried) == {p["bucket"], f"{p['bucket']} 4096x1536"}  # the bucket's search and the layer's own
 
 
 @pytest.mark.parametrize("dims", [(GATEUP,), (GATEUP, {**GATEUP, "M": 4096})])

@@ -92,6 +92,7 @@ def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measur
             continue
         own = make_search(algorithm, load_space(context.root, context.manifest.op), budget, seed=context.number)
         found = own.search(base, measure_for(context, bucket, members))
+        record(context, f"{bucket} {cls}", found)
         splits[f"{bucket} {cls}"] = found.best if found.gain_pct >= rules.noise_floor_pct else base
     return splits
 
