@@ -88,6 +88,15 @@ def reference_outliers(references: Sequence[Measurement], recorded: Measurement,
     return outliers
 
 
+def recorded_best(best: Measurement, remeasured: Sequence[Measurement]) -> Measurement:
+    """The best's recorded numbers: per shape, the median over the measurement it was accepted with and
+    every re-measurement of it next to a later candidate, so that an outlier in any one does not stick."""
+    every = [best, *remeasured]
+    return best.model_copy(update={"per_shape": {
+        label: statistics.median(m.per_shape[label] for m in every if label in m.per_shape)
+        for label in best.per_shape}})
+
+
 def decide(
     candidate: Sequence[Measurement], references: Sequence[Measurement], metric: str, rules: IterationRules,
     shapes: Sequence[str], recorded: Measurement | None = None,

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from agent.scoring import decide, score, stagnated
+from agent.scoring import decide, recorded_best, score, stagnated
 from harness.rules import load_rules
 from harness.schema import GEMM, read_summary, write_summary
 from harness.stats import geomean
@@ -216,3 +216,16 @@ def test_one_outlying_pair_among_three_cannot_carry_a_shape(tmp_path):
             step_csv(tmp_path, "r1", (1.0, 1.0, 1.0, 1.0)), step_csv(tmp_path, "r2", (1.0, 1.0, 1.0, 1.0))]
     d = decide(cands, refs, "step", RULES, SHAPES)
     assert d.gain_pct == pytest.approx(0.0, abs=0.01) and d.verdict == "REMEASURE"
+
+
+def test_an_outlier_in_the_best_s_recorded_numbers_does_not_stick(tmp_path):
+    """The best was accepted with a measurement 30% high on one shape; the re-measurements of it next to later
+    candidates put that shape back where it is, so the next reference is no outlier."""
+    lucky = step_csv(tmp_path, "lucky", (1.0, 1.3, 1.0, 1.0))
+    later = [step_csv(tmp_path, f"later{i}", (1.0, 1.0, 1.0, 1.0)) for i in range(2)]
+    recorded = recorded_best(lucky, later)
+    assert recorded.per_shape["qwen3-235b/down"] == later[0].per_shape["qwen3-235b/down"]
+    cand = step_csv(tmp_path, "cand", (1.05, 1.05, 1.05, 1.05))
+    ref = step_csv(tmp_path, "ref", (1.0, 1.0, 1.0, 1.0))
+    assert decide([cand], [ref], "step", RULES, SHAPES, recorded=lucky).verdict == "REMEASURE"
+    assert decide([cand], [ref], "step", RULES, SHAPES, recorded=recorded).verdict == "ACCEPT"
