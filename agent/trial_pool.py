@@ -14,6 +14,7 @@ ERROR in the search's eyes), never the campaign; its whole process group is kill
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -26,7 +27,7 @@ import torch
 from agent.config_space import Config
 from agent.processes import ChildRegistry, TimeLimit, run_child
 from agent.trials import TrialJob, TrialScores
-from harness.files import REPO_ROOT
+from harness.files import REPO_ROOT, atomic_write_text
 
 
 def visible_gpus() -> list[str | None]:
@@ -55,7 +56,7 @@ class TrialPool:
         self.workers = list(workers) if workers is not None else visible_gpus()
         self.limit_s, self.command = limit_s, list(command)
         self.batches = 0
-        # why each failed config failed, by its position in the last batch
+        # why each failed config failed, by its position in the last batch (also written next to its trials)
         self.errors: dict[int, str] = {}
 
     def __call__(self, configs: Sequence[Config], fidelity: int) -> list[float]:
@@ -65,6 +66,9 @@ class TrialPool:
         repeats = self.job.repeats * fidelity
         with ThreadPoolExecutor(len(dealt)) as pool:
             found = list(pool.map(lambda w: self._worker(w, [0, *dealt[w]], configs, repeats), range(len(dealt))))
+        if self.errors:
+            failed = {json.dumps(configs[i], sort_keys=True): e for i, e in sorted(self.errors.items())}
+            atomic_write_text(self.work_dir / f"trials-{self.batches}.errors.json", json.dumps(failed, indent=1) + "\n")
         scores = [math.nan] * len(configs)
         scores[0] = 1.0 if any(math.isfinite(s[0]) and s[0] > 0 for s in found) else math.nan
         for w, share in enumerate(dealt):

@@ -42,7 +42,7 @@ def test_a_round_retunes_a_bucket_and_proposes_the_winner_as_one_line(tmp_path, 
     path = root / "kernels/gemm/tuning.py"
     before = path.read_text().splitlines()
     trials = FakeTrials()
-    outcome = SearchProposer(algorithm, trials).propose(context(root))
+    outcome = SearchProposer(algorithm, trials, budget=24).propose(context(root))
     assert isinstance(outcome, Proposed) and trials.buckets == [("small", ["s0"])]
     p = outcome.proposal.params
     assert p["bucket"] == "small" and p["algorithm"] == algorithm and p["new"]["BLOCK_M"] == 128

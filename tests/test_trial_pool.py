@@ -60,6 +60,8 @@ def test_n_workers_each_score_against_their_own_reference_and_a_hung_or_dead_one
     assert scores[0] == 1.0 and scores[1] == 2.0 and scores[2] == 0.5 and scores[3] == 4.0 and scores[6] == 1.0
     assert math.isnan(scores[4]) and math.isnan(scores[5])
     assert "limit of 5 s" in pool.errors[4] and pool.errors[5] == "worker 1 exited 3"
+    written = json.loads((tmp_path / "trials-1.errors.json").read_text())
+    assert list(written.values()) == [pool.errors[4], pool.errors[5]]
     assert wait_dead(int((tmp_path / "grandchild").read_text()))
     assert json.loads((tmp_path / "children.json").read_text()) == []
 

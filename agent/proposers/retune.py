@@ -27,8 +27,9 @@ from harness.rules import load_rules
 from harness.shapes import Shape
 from kernels.common.device import interpreter_mode
 
-# Configs an algorithm may try per round (halving: the first rung).
-BUDGET = 24
+# Configs an algorithm may try per round (halving: its first rung). Not yet measured on a GPU: a guess that
+# keeps a round's trials to a few minutes with a compile per config.
+BUDGET = 16
 # (context, bucket, the shapes that use it) -> the measure the search calls
 MeasureFactory = Callable[[RoundContext, str, Sequence[Shape]], Measure]
 
