@@ -2,7 +2,7 @@
 by name (the manifest's `proposer: {kind: search, algorithm: <name>}`), as Helion's autotuner picks
 its search by name:
 
-- `pattern`: the one-knob walk, screened: every one-step neighbour of the current config measured
+- `pattern`: the one-knob walk, in trials: every one-step neighbour of the current config measured
   together, the best taken while it beats the current one, until none does or the budget is spent.
 - `random`: uniformly drawn valid configs, measured in one batch.
 - `lhs`: Latin-hypercube samples (each knob's range covered evenly), measured in one batch.
@@ -25,12 +25,12 @@ from typing import ClassVar
 
 from agent.config_space import Config, ConfigSpace
 
-# (configs, fidelity: how many times as carefully as the cheapest screen) -> a score per config
+# (configs, fidelity: how many times as carefully as the cheapest trial) -> a score per config
 Measure = Callable[[Sequence[Config], int], list[float]]
 
 
 @dataclass(frozen=True)
-class Screened:
+class Trial:
     config: Config
     score: float
     fidelity: int
@@ -43,7 +43,7 @@ class SearchResult:
     best: Config
     best_score: float
     base_score: float
-    screened: list[Screened] = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)
 
     @property
     def gain_pct(self) -> float:
@@ -75,7 +75,7 @@ class SearchAlgorithm(ABC):
             raise ValueError(f"the measure returned {len(scores)} scores for {len(configs) + 1} configs")
         result = result or SearchResult(base, scores[0], scores[0])
         result.base_score = scores[0]
-        result.screened += [Screened(c, s, fidelity) for c, s in zip([base, *configs], scores, strict=True)]
+        result.trials += [Trial(c, s, fidelity) for c, s in zip([base, *configs], scores, strict=True)]
         return scores[1:], result
 
 
@@ -111,7 +111,7 @@ def _against_base(result: SearchResult, base: Config, measure: Measure) -> Searc
     if _key(result.best) == _key(base):
         return result
     base_score, best_score = measure([base, result.best], 1)
-    result.screened += [Screened(base, base_score, 1), Screened(result.best, best_score, 1)]
+    result.trials += [Trial(base, base_score, 1), Trial(result.best, best_score, 1)]
     result.base_score, result.best_score = base_score, best_score
     return result
 

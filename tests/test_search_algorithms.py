@@ -65,7 +65,7 @@ def test_successive_halving_measures_the_survivors_ever_more_carefully():
     result = make_search("halving", SPACE, budget=16, seed=2).search(DETUNED, measure)
     assert [(len(configs) - 1, fidelity) for configs, fidelity in measure.calls] == [(16, 1), (8, 2), (4, 4), (2, 8),
                                                                                        (1, 16)]
-    assert result.screened[-1].fidelity == 16 and speed(result.best) > speed(DETUNED)
+    assert result.trials[-1].fidelity == 16 and speed(result.best) > speed(DETUNED)
 
 
 def test_a_config_that_fails_is_never_the_winner():

@@ -65,10 +65,12 @@ def describe(old: Config, new: Config) -> str:
 
 def record(context: RoundContext, bucket: str, result: SearchResult) -> None:
     """Every config tried and its score, in the round dir (trials.json)."""
-    rows = [{"config": s.config, "score": s.score, "fidelity": s.fidelity} for s in result.screened]
+    rows = [{"config": t.config, "score": t.score, "fidelity": t.fidelity} for t in result.trials]
     path = context.round_dir / "trials.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    atomic_write_text(path, json.dumps(previous | {bucket: rows}, indent=1) + "\n")
+    every = (json.loads(path.read_text()) if path.exists() else {}) | {bucket: rows}
+    entries = [f" {json.dumps(key)}: [\n" + ",\n".join(f"  {json.dumps(row)}" for row in tried) + "\n ]"
+               for key, tried in every.items()]
+    atomic_write_text(path, "{\n" + ",\n".join(entries) + "\n}\n")  # one trial a line
 
 
 def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measure_for: MeasureFactory, bucket: str,
@@ -131,7 +133,7 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
         splits = split_disagreeing(context, algorithm, budget, measure_for, bucket, shapes, base, result.best,
                                    getattr(module, "shape_class", None))
         rewrite_table(context.root / file, with_entries(table, bucket, result.best, splits))
-        tried = len({json.dumps(s.config, sort_keys=True) for s in result.screened})
+        tried = len({json.dumps(s.config, sort_keys=True) for s in result.trials})
         split_text = "".join(f"; split '{key}': {describe(base, cfg) or 'kept'}" for key, cfg in splits.items())
         return Proposed(Proposal(
             hypothesis=(f"retune the '{bucket}' bucket ({algorithm} search, {tried} configs tried on "
