@@ -7,6 +7,7 @@ applies rules/iteration_rules.yaml to a candidate's measurements against the bes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -69,22 +70,31 @@ class Decision:
     spread_pct: float = math.nan
 
 
+def _drift(reference: Measurement, recorded: Measurement, labels: Sequence[str]) -> float:
+    """How fast the machine ran a re-measurement of the best: the median over the shapes of it over the
+    recorded numbers (a slow machine moves every shape alike; an outlier moves one)."""
+    ratios = [r for label in labels if math.isfinite(r := reference.per_shape[label] / recorded.per_shape[label])]
+    return statistics.median(ratios) if ratios else 1.0
+
+
 def reference_outliers(references: Sequence[Measurement], recorded: Measurement, shapes: Sequence[str],
-                       rules: IterationRules) -> dict[str, set[int]]:
-    """Per shape, which re-measurements of the best (their indices) are far from its recorded number there:
-    off by more than `reference_outlier_pct` once the machine's common drift (the median over the shapes
-    of re-measured over recorded) is divided out. A slow machine moves every shape alike; an outlier one."""
-    outliers: dict[str, set[int]] = {}
-    for i, ref in enumerate(references):
-        ratios = {label: ref.per_shape[label] / recorded.per_shape[label] for label in shapes
-                  if recorded.per_shape.get(label, math.nan) > 0}
-        finite = [r for r in ratios.values() if math.isfinite(r)]
-        if not finite:
-            continue
-        drift = statistics.median(finite)
-        for label, r in ratios.items():
-            if not math.isfinite(r) or abs(r / drift - 1.0) * 100.0 > rules.reference_outlier_pct:
-                outliers.setdefault(label, set()).add(i)
+                       rules: IterationRules) -> dict[str, dict[int, float]]:
+    """The re-measurements of the best that are far from what it should have measured, per shape: {label:
+    {index: the value expected there}}. Each one's drift (`_drift`) is divided out; what a shape should
+    measure is its recorded number, or, once the best was re-measured twice or more, the median of that
+    and the re-measurements (so that when they agree against a fluke recorded number, they win). Off
+    by more than `reference_outlier_pct` is an outlier."""
+    labels = [label for label in shapes if recorded.per_shape.get(label, math.nan) > 0]
+    drifts = [_drift(ref, recorded, labels) for ref in references]
+    outliers: dict[str, dict[int, float]] = {}
+    for label in labels:
+        seen = [ref.per_shape[label] / drift for ref, drift in zip(references, drifts, strict=True)]
+        finite = [v for v in seen if math.isfinite(v)]
+        expected = statistics.median([recorded.per_shape[label], *finite]) if len(finite) > 1 \
+            else recorded.per_shape[label]
+        for i, (value, drift) in enumerate(zip(seen, drifts, strict=True)):
+            if not abs(value / expected - 1.0) * 100.0 <= rules.reference_outlier_pct:
+                outliers.setdefault(label, {})[i] = expected * drift
     return outliers
 
 
@@ -105,11 +115,12 @@ def decide(
 
     `references` are the best commit's measurements: one per candidate measurement, taken next to
     it (A/B pairs, so that a machine whose speed drifts between rounds cannot decide), or the single
-    recorded best. `recorded` is the best's recorded measurement: a re-measurement far from it on a
-    shape (`reference_outliers`) does not count on that shape, and a shape left with no pair that
-    counts is re-measured (up to the rules' count; then every pair counts). The basis of everything
-    below is, per shape, the median over the pairs of candidate over best, and the gain is their
-    geomean: the step geomean ratio of one pair, and one outlying pair cannot carry it.
+    recorded best. `recorded` is the best's recorded measurement: where a re-measurement is far from
+    what the best should measure on a shape (`reference_outliers`), that pair's ratio on that shape
+    is taken against the expected value instead; and if the outlier as measured would have changed
+    the verdict, both are re-measured first (up to the rules' count). The basis of everything below
+    is, per shape, the median over the pairs of candidate over best, and the gain is their geomean:
+    the step geomean ratio of one pair, and one outlying pair cannot carry it.
 
     Any FAIL rejects. A shape more than `implausible_speedup` times the best is re-measured (a new
     process) and rejected unless reproduced. The gain must beat the best and no shape may regress
@@ -131,37 +142,43 @@ def decide(
     cache = _cache_gap(pairs, metric, rules)
     if cache:
         return Decision("ROLLBACK", cache, math.nan, fresh_pct)
-    ratios = {label: [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs] for label in shapes}
+    raw = {label: [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs] for label in shapes}
     outliers = reference_outliers([ref for _, ref in pairs], recorded, shapes, rules) if recorded else {}
-    kept = {label: [r for i, r in enumerate(rs) if i not in outliers.get(label, set())] for label, rs in ratios.items()}
-    unsettled = [label for label in shapes if not kept[label]]
-    if unsettled:
-        label = unsettled[0]
-        off = pairs[-1][1].per_shape[label] / recorded.per_shape[label] if recorded else math.nan
-        if len(candidate) < 1 + rules.remeasure_count:
-            return Decision("REMEASURE", f"the best re-measured at {off:.2f}x its recorded {metric} on {label}, "
-                            "an outlier: re-measuring both", math.nan)
-        kept = ratios  # every re-measurement spent: the median over all of them
-    wild = {label: rs[0] for label, rs in kept.items() if rs[0] > rules.implausible_speedup}
-    if wild:
-        shown = ", ".join(f"{label} {r:.1f}x" for label, r in wild.items())
-        if any(len(kept[label]) == 1 for label in wild):
-            return Decision("REMEASURE", f"implausible ({shown} the best): re-measuring in isolation", math.nan)
-        if any(abs(kept[label][-1] / r - 1) * 100 > 2 * rules.noise_floor_pct for label, r in wild.items()):
-            return Decision("ROLLBACK", f"implausible and not reproducible: {shown}", math.nan)
-    per_shape = {label: statistics.median(rs) for label, rs in kept.items()}
-    pair_gains = [geomean(ratios[label][i] if i not in outliers.get(label, set()) else per_shape[label]
-                          for label in shapes) - 1.0 for i in range(len(pairs))]
-    spread = 100.0 * (max(pair_gains) - min(pair_gains)) if len(pairs) > 1 else math.nan
-    verdict = _decide_gain(100.0 * (geomean(per_shape.values()) - 1.0), pair_gains, per_shape, metric, rules)
-    verdict = Decision(verdict.verdict, verdict.reason, verdict.gain_pct, fresh_pct, spread)
+    robust = {label: [m.per_shape[label] / outliers[label][i] if i in outliers.get(label, {}) else r
+                      for i, ((m, _), r) in enumerate(zip(pairs, rs, strict=True))] for label, rs in raw.items()}
+    verdict = _on_ratios(robust, metric, rules)
+    if outliers and len(candidate) < 1 + rules.remeasure_count and _on_ratios(raw, metric, rules).verdict != \
+            verdict.verdict:
+        label, i = next((label, max(found)) for label, found in outliers.items())
+        off = pairs[i][1].per_shape[label] / outliers[label][i]
+        return Decision("REMEASURE", f"the best re-measured at {off:.2f}x what it measures on {label}, an outlier "
+                        "that would change the verdict: re-measuring both", math.nan)
+    verdict = dataclasses.replace(verdict, fresh_gain_pct=fresh_pct)
     if verdict.verdict != "ACCEPT" or not fresh:
         return verdict
     if fresh_pct < rules.fresh_gain_fraction * verdict.gain_pct:
-        return Decision("ROLLBACK", f"overfit: {verdict.gain_pct:+.2f}% with reused tensors, {fresh_pct:+.2f}% with "
-                        "fresh ones", verdict.gain_pct, fresh_pct, spread)
-    return Decision("ACCEPT", f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)", verdict.gain_pct, fresh_pct,
-                    spread)
+        return dataclasses.replace(verdict, verdict="ROLLBACK", reason=f"overfit: {verdict.gain_pct:+.2f}% with "
+                                   f"reused tensors, {fresh_pct:+.2f}% with fresh ones")
+    return dataclasses.replace(verdict, reason=f"{verdict.reason} ({fresh_pct:+.2f}% with fresh tensors)")
+
+
+def _on_ratios(ratios: Mapping[str, Sequence[float]], metric: str, rules: IterationRules) -> Decision:
+    """The verdict of `decide` on per-shape ratios of candidate over best, one per A/B pair: a shape
+    implausibly faster is re-measured until reproduced; then the gain (the geomean over the shapes of
+    their median over the pairs) and the per-shape regressions decide (`_decide_gain`)."""
+    wild = {label: rs[0] for label, rs in ratios.items() if rs[0] > rules.implausible_speedup}
+    if wild:
+        shown = ", ".join(f"{label} {r:.1f}x" for label, r in wild.items())
+        if any(len(ratios[label]) == 1 for label in wild):
+            return Decision("REMEASURE", f"implausible ({shown} the best): re-measuring in isolation", math.nan)
+        if any(abs(ratios[label][-1] / r - 1) * 100 > 2 * rules.noise_floor_pct for label, r in wild.items()):
+            return Decision("ROLLBACK", f"implausible and not reproducible: {shown}", math.nan)
+    per_shape = {label: statistics.median(rs) for label, rs in ratios.items()}
+    pairs = len(next(iter(ratios.values())))
+    pair_gains = [geomean(rs[i] for rs in ratios.values()) - 1.0 for i in range(pairs)]
+    verdict = _decide_gain(100.0 * (geomean(per_shape.values()) - 1.0), pair_gains, per_shape, metric, rules)
+    spread = 100.0 * (max(pair_gains) - min(pair_gains)) if pairs > 1 else math.nan
+    return dataclasses.replace(verdict, spread_pct=spread)
 
 
 def _cache_gap(pairs: Sequence[tuple[Measurement, Measurement]], metric: str, rules: IterationRules) -> str | None:

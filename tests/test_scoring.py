@@ -229,3 +229,14 @@ def test_an_outlier_in_the_best_s_recorded_numbers_does_not_stick(tmp_path):
     ref = step_csv(tmp_path, "ref", (1.0, 1.0, 1.0, 1.0))
     assert decide([cand], [ref], "step", RULES, SHAPES, recorded=lucky).verdict == "REMEASURE"
     assert decide([cand], [ref], "step", RULES, SHAPES, recorded=recorded).verdict == "ACCEPT"
+
+
+def test_an_outlier_that_cannot_change_the_verdict_costs_no_re_measurement(tmp_path):
+    """A 30% gain, the best re-measured 20% slow on one shape: accepted at once, at the gain the expected value
+    of that shape gives (not the 35% the outlier would)."""
+    recorded = step_csv(tmp_path, "recorded", (1.0, 1.0, 1.0, 1.0))
+    cand = step_csv(tmp_path, "cand", (1.3, 1.3, 1.3, 1.3))
+    ref = step_csv(tmp_path, "ref", (1.0, 0.8, 1.0, 1.0))
+    d = decide([cand], [ref], "step", RULES, SHAPES, recorded=recorded)
+    assert d.verdict == "ACCEPT" and d.gain_pct == pytest.approx(30.0, abs=0.01)
+    assert decide([cand], [ref], "step", RULES, SHAPES).gain_pct == pytest.approx(100 * (1.3 / 0.8**0.25 - 1))
