@@ -8,6 +8,7 @@ import shutil
 import pytest
 from rich.console import Console
 
+from agent.knowledge import Tip, shape_class
 from agent.proposers import Exhausted, Proposed
 from agent.proposers.search import SearchProposer
 from agent.runner import Campaign
@@ -98,3 +99,21 @@ def test_real_trials_in_a_worker_process_under_the_interpreter(tmp_path):
     logs = sorted((root / "trials").glob("*.log"))
     assert len(logs) == 1 and (root / "trials" / "trials-1-w0.scores.json").exists()
     assert isinstance(outcome, Proposed | Exhausted)  # interpreter timings decide nothing; the plumbing is the point
+
+
+def test_a_winner_a_tip_rolled_back_from_the_same_config_and_context_is_not_proposed_again(tmp_path):
+    root = op_root(tmp_path, "gemm")
+    first = SearchProposer("pattern", FakeTrials(), budget=24).propose(context(root))
+    assert isinstance(first, Proposed)
+    p = first.proposal.params
+
+    def tip(old):
+        return Tip(op="gemm", backend="triton", device="cpu", variant="default",
+                   shape_class=shape_class(context(root).manifest), summary="s", params=p | {"old": old},
+                   outcome="ROLLBACK", gain_pct=-6.0, reason="small regressed", proposer="search")
+
+    here, elsewhere = tip(p["old"]), tip(p["old"] | {"num_warps": 8})
+    for tips, proposed in (([here], False), ([elsewhere], True)):
+        fresh = op_root(tmp_path / str(proposed), "gemm")
+        outcome = SearchProposer("pattern", FakeTrials(), budget=24).propose(context(fresh, tips=tips))
+        assert isinstance(outcome, Proposed) == proposed

@@ -5,8 +5,9 @@ searches the op's config space from the bucket's current config, every config it
 by trials (agent/trials.py, over every GPU: agent/trial_pool.py) on the representative shapes that
 use the bucket; the winner, if it beat the current config by the noise floor in its trials, is
 written into the table and proposed: the runner validates and decides it like any candidate. A bucket
-whose search found nothing better, or whose winner was rolled back, is settled and not retuned again;
-one whose winner was accepted is retuned again from there.
+whose search found nothing better, or whose winner was rolled back (in this campaign, or, as a tip says,
+from the same config in the same context), is settled and not retuned again; one whose winner was
+accepted is retuned again from there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from agent.config_space import Config, load_space
+from agent.knowledge import shape_class, similarity
 from agent.proposers import Exhausted, Outcome, Proposed, RoundContext
 from agent.search_algorithms import Measure, SearchResult, make_search
 from agent.state import Proposal
@@ -57,6 +59,15 @@ def settled(context: RoundContext) -> set[str]:
     rolled_back = {r.candidate.params["bucket"] for r in context.history
                    if r.candidate and r.candidate.params.get("algorithm") and r.status != "ACCEPT"}
     return set(context.scratch.get("settled", [])) | rolled_back
+
+
+def known_ineffective(context: RoundContext, bucket: str, base: Config, winner: Config) -> bool:
+    """A tip recorded this very retune (the bucket from this config to that one) as not paying, measured in
+    this very context: the same variant and shape class (`similarity` 1)."""
+    variant, shapes = context.manifest.resolved_variant, shape_class(context.manifest)
+    return any(t.outcome != "ACCEPT" and t.params.get("algorithm") and t.params.get("bucket") == bucket
+               and t.params.get("new") == winner and similarity(t, variant, shapes, base) == 1.0
+               for t in context.tips)
 
 
 def describe(old: Config, new: Config) -> str:
@@ -127,7 +138,8 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
         search = make_search(algorithm, space, budget, seed=context.number)
         result = search.search(base, measure_for(context, bucket, shapes))
         record(context, bucket, result)
-        if result.best == base or not result.gain_pct >= floor:
+        if result.best == base or not result.gain_pct >= floor or known_ineffective(context, bucket, base,
+                                                                                   result.best):
             done.append(bucket)
             continue
         splits = split_disagreeing(context, algorithm, budget, measure_for, bucket, shapes, base, result.best,
