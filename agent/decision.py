@@ -8,6 +8,7 @@ the measured roofline, which cannot be real. `attribution` says which passes and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def with_overrides(verdict: Decision, full_validation: str | None, roofline: str
     """The timing verdict, unless the full validation or the roofline says otherwise."""
     problem = full_validation or (roofline if verdict.verdict == "ACCEPT" else None)
     if problem and verdict.verdict != "REMEASURE":
-        return Decision("ROLLBACK", problem, verdict.gain_pct, verdict.fresh_gain_pct)
+        return dataclasses.replace(verdict, verdict="ROLLBACK", reason=problem)
     return verdict
 
 
@@ -58,13 +59,13 @@ def judge(record: RoundRecord, best: Measurement, baseline: Measurement, run_dir
     last = record.measurements[-1]
     last_csv = run_dir / last.csv
     metric = manifest.primary_metric
-    verdict = decide(record.measurements, record.references or [best], metric, rules, manifest.representative_shapes)
+    verdict = decide(record.measurements, record.references or [best], metric, rules, manifest.representative_shapes,
+                     recorded=best if record.references else None)
     full = (full_validation_problem(read_summary(last_csv), metric, baseline, rules)
             if record.full_validation else None)
     verdict = with_overrides(verdict, full, above_roofline(analyses, rules) if analyses else None)
     if not last.all_pass and verdict.verdict != "REMEASURE":
-        verdict = Decision(verdict.verdict, verdict.reason + fail_details(last_csv, last.failed), verdict.gain_pct,
-                           verdict.fresh_gain_pct)
+        verdict = dataclasses.replace(verdict, reason=verdict.reason + fail_details(last_csv, last.failed))
     return verdict
 
 
@@ -103,6 +104,7 @@ class DecisionRecord(BaseModel):
     reason: str
     gain_pct: float | None
     fresh_gain_pct: float | None
+    spread_pct: float | None = None
     commit: str | None
     best_commit: str
     candidate: Candidate | None
@@ -116,7 +118,8 @@ class DecisionRecord(BaseModel):
     def of(cls, campaign: str, record: RoundRecord, best_commit: str, attribution: dict[str, dict[str, float]],
            next_action: str) -> DecisionRecord:
         return cls(campaign=campaign, round=record.number, status=record.status, reason=record.reason,
-                   gain_pct=record.gain_pct, fresh_gain_pct=record.fresh_gain_pct, commit=record.commit,
+                   gain_pct=record.gain_pct, fresh_gain_pct=record.fresh_gain_pct, spread_pct=record.spread_pct,
+                   commit=record.commit,
                    best_commit=best_commit, candidate=record.candidate,
                    measurements=[m.csv for m in record.measurements], references=[m.csv for m in record.references],
                    attribution=attribution, next=next_action)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import git
 import yaml
@@ -25,6 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.errors import UserError
 from harness.files import REPO_ROOT, atomic_write_text
 from harness.registry import op_names
+
+if TYPE_CHECKING:
+    from agent.manifest import Manifest
 
 # top folder under knowledge/ -> the kind its files declare
 KIND_OF_FOLDER: dict[str, str] = {"hardware": "hardware", "backend": "backend", "ops": "op"}
@@ -103,6 +107,22 @@ class Tip(BaseModel):
     campaign: str | None = None  # None for curated tips
     commit: str | None = None  # the commit that shows it
     evidence: str = ""  # the command that measured it
+
+
+def shape_class(manifest: Manifest) -> str:
+    """What a campaign's tips say they were measured on: its shape preset and representative shapes."""
+    shapes = manifest.shapes if isinstance(manifest.shapes, str) else "custom shapes"
+    return f"{shapes}: {', '.join(manifest.representative_shapes)}"
+
+
+def similarity(tip: Tip, variant: str, shapes: str, config: Mapping[str, int]) -> float:
+    """How alike the context a tip was measured in is to this one, from 0 to 1: the same variant and the
+    same shape class count a quarter each, the bucket config it was measured from (params `config`, or
+    `old` for a whole-config move) the other half, by the share of its knobs that are equal."""
+    measured_from = tip.params.get("config") or tip.params.get("old") or {}
+    knobs = set(config) | set(measured_from)
+    same = sum(measured_from.get(k) == config.get(k) for k in knobs) / len(knobs) if knobs else 0.0
+    return 0.25 * (tip.variant == variant) + 0.25 * (tip.shape_class == shapes) + 0.5 * same
 
 
 class TipFile(BaseModel):

@@ -29,6 +29,18 @@ class SearchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["search"] = "search"
+    # None: one knob of one bucket per round, each validated. A name from agent/search_algorithms.py
+    # (pattern, random, lhs, halving): each round retunes a bucket, many configs tried, the winner validated.
+    algorithm: str | None = None
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, value: str | None) -> str | None:
+        from agent.search_algorithms import SEARCH_ALGORITHMS
+
+        if value is not None and value not in SEARCH_ALGORITHMS:
+            raise ValueError(f"unknown search algorithm '{value}' (known: {', '.join(SEARCH_ALGORITHMS)})")
+        return value
 
 
 class ManualConfig(BaseModel):

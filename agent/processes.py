@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from typing import IO
 from harness.files import atomic_write_text
 
 PR_SET_PDEATHSIG = 1
+# Children started from several threads at once (a worker per GPU) add and remove their entries in turn.
+_REGISTRY_LOCK = threading.Lock()
 POLL_S = 0.2
 # Resolved here, not in the forked child: a dlopen there could wait on a lock another thread held.
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
@@ -68,10 +71,12 @@ class ChildRegistry:
         atomic_write_text(self.path, json.dumps([c.__dict__ for c in children]))
 
     def add(self, child: Child) -> None:
-        self._write([*self._read(), child])
+        with _REGISTRY_LOCK:
+            self._write([*self._read(), child])
 
     def remove(self, pid: int) -> None:
-        self._write([c for c in self._read() if c.pid != pid])
+        with _REGISTRY_LOCK:
+            self._write([c for c in self._read() if c.pid != pid])
 
     def reap(self) -> list[Child]:
         """End every recorded process group whose leader is still the process that was started."""

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from agent.decision import DecisionRecord
-from agent.knowledge import Tip
+from agent.knowledge import Tip, shape_class
 from agent.manifest import Manifest
 from agent.standings import ShapeStanding
 from agent.state import CampaignState, Measurement, RoundRecord, Termination
@@ -22,9 +22,13 @@ from harness.meta import read_meta
 from harness.schema import read_summary
 from harness.stats import geomean
 
+# "vs best (decided)" is the gain the decision was made on (A/B pairs, per-shape medians), with the spread of
+# the pairs' own gains; "accepted, compounded" chains the accepted ones: the basis of REPORT's reproduction
+# check. The geomeans are the last measurement's, unpaired.
 TREND_HEADER = (
-    "| round | status | change | fwd geomean | bwd geomean | step geomean | vs baseline |\n"
-    "|---|---|---|---|---|---|---|\n"
+    "| round | status | change | fwd geomean | bwd geomean | step geomean | vs baseline | vs best (decided) "
+    "| spread | accepted, compounded |\n"
+    "|---|---|---|---|---|---|---|---|---|---|\n"
 )
 
 
@@ -39,16 +43,20 @@ def _ratio_pct(ratio: float) -> str:
 def campaign_tips(state: CampaignState) -> list[Tip]:
     """What each closed round taught, as tips with their context (REPORT writes them to tips.yaml)."""
     m = state.manifest
-    shapes = m.shapes if isinstance(m.shapes, str) else "custom shapes"
-    shape_class = f"{shapes}: {', '.join(m.representative_shapes)}"
     return [
         Tip(op=m.op, backend=m.backend, device=state.device, variant=m.resolved_variant,
-            shape_class=shape_class, summary=r.summary, hypothesis=r.candidate.hypothesis,
+            shape_class=shape_class(m), summary=r.summary, hypothesis=r.candidate.hypothesis,
             params=r.candidate.params, proposer=r.candidate.proposer, outcome=r.status, gain_pct=r.gain_pct,
             reason=r.reason, campaign=m.name, commit=r.commit,
             evidence=f"campaigns/runs/{m.name}/rounds/round-{r.number}/decision.json")
         for r in state.closed_rounds() if r.candidate is not None
     ]
+
+
+def compounded_gain(state: CampaignState, through: int) -> float:
+    """The accepted rounds' decided gains up to round `through`, compounded (a ratio: 1.0 is no gain)."""
+    return math.prod(1.0 + r.gain_pct / 100.0 for r in state.optimization_rounds()
+                     if r.number <= through and r.status == "ACCEPT" and r.gain_pct is not None)
 
 
 def init_logs(run_dir: Path, manifest: Manifest) -> None:
@@ -181,7 +189,10 @@ def close_round(run_dir: Path, state: CampaignState, record: RoundRecord, best_b
             cells, vs = ["FAIL"] * 3, f"FAIL on {len(m.failed)} shape(s)"
         else:
             vs = _pct(g.get(manifest.primary_metric, math.nan), base) if m else "n/a"
-        trend.write(f"| {record.number} | {record.status} | {record.summary} | {' | '.join(cells)} | {vs} |\n")
+        decided = f"{record.gain_pct:+.2f}%" if record.gain_pct is not None else "n/a"
+        spread = f"{record.spread_pct:.2f}%" if record.spread_pct is not None else "-"
+        trend.write(f"| {record.number} | {record.status} | {record.summary} | {' | '.join(cells)} | {vs} | {decided} "
+                    f"| {spread} | {_ratio_pct(compounded_gain(state, record.number))} |\n")
 
 
 def plot_rounds(run_dir: Path, state: CampaignState, path: Path) -> Path:
@@ -250,15 +261,17 @@ def write_report(run_dir: Path, state: CampaignState, vendors: dict[str, dict[st
             cells += [f"{v:.4g}", f"{value / v:.3f}x" if v and math.isfinite(v) else "n/a"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "## Rounds", "",
-              "| round | status | proposer | change | expected | measured vs best | fresh tensors | reason | commit |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| round | status | proposer | change | expected | measured vs best | spread | fresh tensors | reason "
+              "| commit |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in opt:
         c = r.candidate
         expected = f"{c.expected_gain_pct:+.1f}%" if c and c.expected_gain_pct is not None else "-"
         measured = f"{r.gain_pct:+.2f}%" if r.gain_pct is not None else "n/a"
         fresh = f"{r.fresh_gain_pct:+.2f}%" if r.fresh_gain_pct is not None else "n/a"
+        spread = f"{r.spread_pct:.2f}%" if r.spread_pct is not None else "-"
         lines.append(f"| {r.number} | {r.status} | {c.proposer if c else '-'} | {r.summary} | {expected} | "
-                     f"{measured} | {fresh} | {r.reason} | {(r.commit or '')[:10]} |")
+                     f"{measured} | {spread} | {fresh} | {r.reason} | {(r.commit or '')[:10]} |")
     ineffective = sorted({f"{r.summary}: {r.reason}" for r in opt if r.ineffective})
     lines += ["", "## Ineffective directions", ""] + [f"- {x}" for x in ineffective or ["none"]]
     lines += ["", "## Termination check", "", "| condition | threshold | value | met |", "|---|---|---|---|"]

@@ -34,7 +34,7 @@ from agent.processes import ChildRegistry
 from agent.proposers import Awaiting, Exhausted, Failed, Proposed, Proposer, RoundContext, make_proposer
 from agent.report import attribution_details, campaign_tips, close_round, init_logs, next_direction, write_report
 from agent.request import Request, build_request, render
-from agent.scoring import reproduction, score, stagnated
+from agent.scoring import recorded_best, reproduction, score, stagnated
 from agent.screening import capture, screen
 from agent.standings import primary_vendor, standings, vendors
 from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
@@ -538,8 +538,9 @@ class Campaign:
         metric = self.manifest.primary_metric
         if record.status == "OPEN":
             analyses = self._analyses(self.run_dir / record.measurements[-1].csv) if self.state.ceilings else None
-            verdict = judge(record, best_before, self.state.baseline, self.run_dir, self.manifest, self.rules,
-                            analyses)
+            since = [m for r in self.state.closed_rounds() if r.number > self.state.best_round for m in r.references]
+            verdict = judge(record, recorded_best(best_before, since), self.state.baseline, self.run_dir,
+                            self.manifest, self.rules, analyses)
             if verdict.verdict == "REMEASURE":
                 self.say(f"DECIDE: {verdict.reason}: re-measuring")
                 self.state.phase = "VALIDATE"
@@ -548,6 +549,7 @@ class Campaign:
             record.reason = verdict.reason
             record.gain_pct = verdict.gain_pct if math.isfinite(verdict.gain_pct) else None
             record.fresh_gain_pct = verdict.fresh_gain_pct if math.isfinite(verdict.fresh_gain_pct) else None
+            record.spread_pct = verdict.spread_pct if math.isfinite(verdict.spread_pct) else None
         ratios = (attribution(self.run_dir / record.measurements[-1].csv, self.run_dir / record.references[-1].csv)
                   if record.measurements and record.references else {})
         if record.status == "ACCEPT":

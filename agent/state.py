@@ -82,6 +82,8 @@ class RoundRecord(BaseModel):
     # The aggregate gain (%) over the best that the decision saw; None when nothing was measured.
     gain_pct: float | None = None
     fresh_gain_pct: float | None = None
+    # Highest minus lowest of the A/B pairs' own gains (%); None with one pair.
+    spread_pct: float | None = None
     commit: str | None = None
     elapsed_s: float = 0.0
 

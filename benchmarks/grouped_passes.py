@@ -73,7 +73,7 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
     a_q, sa = quantize_rows(a, e4m3, Granularity.ROWWISE)
     w = QuantizedWeight.quantize(b, False, e4m3, Granularity.ROWWISE)
     scales = Scales(sa, row_scale_strides(sa, Granularity.ROWWISE), w.scale, w.strides)
-    cfg = config_for("fwd", M, G, Granularity.ROWWISE)
+    cfg = config_for("fwd", M, G, Granularity.ROWWISE, w.data.shape[1:])
     sb = w.scale.view(G, N)
     compare("fp8 rowwise GEMM only", lambda: grouped_mm(a_q, w.data, offs, out, cfg, scales),
             lambda: torch._scaled_grouped_mm(a_q, w.data.transpose(-2, -1), sa, sb, offs=offs32,

@@ -27,6 +27,7 @@ class IterationRules(BaseModel):
     cache_gap_pct: float = Field(gt=0)
     probe_shapes: PositiveInt
     implausible_speedup: float = Field(gt=1)
+    reference_outlier_pct: float = Field(gt=0)
     roofline_margin: float = Field(ge=1)
     stagnation_rollbacks: PositiveInt
     max_iterations: int = Field(gt=0, lt=120)

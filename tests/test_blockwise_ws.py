@@ -23,7 +23,7 @@ def test_takes_hopper_and_128x128_weight_blocks_only(device):
     scales = Scales(torch.ones(256, 2, device=device), (2, 1), torch.ones(1, 2, 2, device=device), (4, 2, 1), 128,
                     per_k_block=True)
     hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-    cfg = config_for("fwd", 256, 1, Granularity.BLOCKWISE)
+    cfg = config_for("fwd", 256, 1, Granularity.BLOCKWISE, b.shape[1:])
     assert blockwise_ws.supported(a, b, out, scales, cfg) == hopper
     per_column = Scales(scales.a, scales.a_strides, torch.ones(256, 2, device=device), (0, 2, 1), per_k_block=True)
     assert not blockwise_ws.supported(a, b, out, per_column, cfg)

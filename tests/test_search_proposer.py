@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from agent.analysis import ShapeAnalysis
-from agent.knowledge import Tip
+from agent.knowledge import Tip, shape_class, similarity
 from agent.manifest import parse_manifest
 from agent.processes import ChildRegistry
 from agent.proposers import Exhausted, Proposed, RoundContext
@@ -74,8 +74,9 @@ def test_tips_steer_the_search_ineffective_moves_skipped_and_learned_gains_ranke
     top = ranked[0].params
 
     def tip(params: dict, outcome: str, gain: float | None) -> Tip:
-        return Tip(op="gemm", backend="triton", device="cpu", variant="default", shape_class="smoke", summary="s",
-                   params=params, outcome=outcome, gain_pct=gain, reason="r", proposer="search")
+        return Tip(op="gemm", backend="triton", device="cpu", variant="default",
+                   shape_class=shape_class(context(root).manifest), summary="s", params=params, outcome=outcome,
+                   gain_pct=gain, reason="r", proposer="search")
 
     skipped = SearchProposer().candidates(context(root, tips=[tip(top, "ROLLBACK", -3.0)]), "tile")
     assert all((p.params["knob"], p.params["new"]) != (top["knob"], top["new"]) for p in skipped)
@@ -119,3 +120,33 @@ def test_the_tma_store_tile_counts_against_shared_memory():
     # The H100 refused both with the output tile staged for the TMA store (262 KB and 263 KB).
     assert not gemm_tuning.fits(gemm_tuning.TUNED_TABLE["large"] | {"num_stages": 4})
     assert not dense_fp8_tuning.fits(dense_fp8_tuning.TUNED_TABLE["fwd/large"] | {"num_stages": 4})
+
+
+def test_a_tip_counts_only_in_its_own_context(tmp_path):
+    """A move found ineffective from a detuned config (BLOCK_N 64 -> 128 while BLOCK_M was 32) is tried again
+    from another config; learned gains lean on the tips measured in contexts like this one."""
+    root = op_root(tmp_path, "gemm")
+    here = context(root)
+    current = read_tuning(root / "kernels/gemm/tuning.py")[1]["small"]
+    top = SearchProposer().candidates(here, "tile")[0].params
+    detuned = current | {"BLOCK_M": 32}
+
+    def tip(params: dict, outcome: str, gain: float | None, shapes: str = shape_class(here.manifest)) -> Tip:
+        return Tip(op="gemm", backend="triton", device="cpu", variant="default", shape_class=shapes, summary="s",
+                   params=params, outcome=outcome, gain_pct=gain, reason="r", proposer="search")
+
+    elsewhere = tip(top | {"config": detuned}, "ROLLBACK", -3.0)
+    shapes = shape_class(here.manifest)
+    assert similarity(elsewhere, "default", shapes, current) == pytest.approx(0.5 + 0.5 * 5 / 6)  # 5 of 6 knobs
+    again = SearchProposer().candidates(context(root, tips=[elsewhere]), "tile")
+    assert (again[0].params["knob"], again[0].params["new"]) == (top["knob"], top["new"])
+    other_shapes = tip(top, "ROLLBACK", -3.0, shapes="another preset: x")
+    assert SearchProposer().candidates(context(root, tips=[other_shapes]), "tile")[0].params["new"] == top["new"]
+    # Two accepted tips on the same move: +40% measured here, -20% measured from a far config and shape class.
+    here_tip = tip(top, "ACCEPT", 40.0)
+    far = tip(top | {"config": {k: -1 for k in current}}, "ACCEPT", -20.0, shapes="another preset: x")
+    learned = SearchProposer().candidates(context(root, tips=[here_tip, far]), "tile")[0]
+    assert learned.params["knob"] == top["knob"] and "learned" in learned.hypothesis
+    # weights 1.0 and 0.25: (40 - 5) / 1.25 = 28, averaged with the prior
+    prior = SearchProposer().candidates(here, "tile")[0].expected_gain_pct
+    assert learned.expected_gain_pct == pytest.approx((prior + 28.0) / 2)

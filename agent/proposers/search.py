@@ -1,4 +1,5 @@
-"""The built-in search proposer: one knob of one tuned-table bucket per round.
+"""The built-in search proposer: one knob of one tuned-table bucket per round (with an `algorithm`,
+a bucket retuned per round instead: retune.py).
 
 It reads the op's `kernels/<op>/tuning.py` (TUNABLE_SPACE, TUNED_TABLE, `buckets_for`, which
 says which buckets the campaign's shapes use, and `fits`, which rejects configs the GPU cannot
@@ -15,18 +16,18 @@ sees a Proposal with params.
 
 from __future__ import annotations
 
-import ast
 import importlib
-import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from agent.analysis import ShapeAnalysis
-from agent.knowledge import Tip
-from agent.manifest import Manifest
+from agent.knowledge import Tip, shape_class, similarity
+from agent.manifest import Manifest, ProposerConfig, SearchConfig
 from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
+from agent.proposers.retune import BUDGET, MeasureFactory, retune, trial_pool
 from agent.state import CampaignState, Proposal, RoundRecord
+from agent.tuning_table import read_tuning, rewrite_table, tuning_file
 from harness.errors import UserError
 
 # Knob families: a campaign works one direction at a time and switches on stagnation.
@@ -48,42 +49,6 @@ PRIOR_GAIN_PCT: dict[tuple[str, int], float] = {
 Move = tuple[str, str, str, int]  # (file, bucket, knob, value)
 
 
-def tuning_file(op: str) -> str:
-    return f"kernels/{op}/tuning.py"
-
-
-def _assignment(tree: ast.Module, name: str) -> ast.Assign | ast.AnnAssign:
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return node
-    raise ValueError(f"no top-level assignment to {name}")
-
-
-def read_tuning(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, dict[str, int]]]:
-    """TUNABLE_SPACE and TUNED_TABLE as the file on disk holds them (literals, read without importing)."""
-    tree = ast.parse(path.read_text())
-    space = ast.literal_eval(_assignment(tree, "TUNABLE_SPACE").value)
-    table = ast.literal_eval(_assignment(tree, "TUNED_TABLE").value)
-    return space, table
-
-
-def rewrite_table(path: Path, table: dict[str, dict[str, int]]) -> None:
-    """Replace the TUNED_TABLE literal in `path`, one bucket a line, leaving the rest untouched."""
-    source = path.read_text()
-    node = _assignment(ast.parse(source), "TUNED_TABLE")
-    lines = source.splitlines(keepends=True)
-    head = lines[node.lineno - 1].split("=", 1)[0].rstrip()
-    body = "".join(f"    {json.dumps(bucket)}: {json.dumps(cfg)},\n" for bucket, cfg in table.items())
-    new = f"{head} = {{\n{body}}}\n"
-    path.write_text("".join(lines[: node.lineno - 1]) + new + "".join(lines[node.end_lineno :]))
-
-
 def preferred_directions(analyses: Sequence[ShapeAnalysis]) -> list[str]:
     """Compute-bound shapes gain from bigger tiles and deeper pipelines first; memory-bound ones from
     launch order (L2 reuse) and tile shape."""
@@ -95,10 +60,9 @@ def _is_move(params: dict) -> bool:
     return {"file", "bucket", "knob", "old", "new"} <= set(params)
 
 
-def visited_moves(history: Iterable[RoundRecord], tips: Iterable[Tip]) -> frozenset[Move]:
-    """Moves already evaluated in this campaign (either end of each), and moves tips record as ineffective."""
-    seen = {(t.params["file"], t.params["bucket"], t.params["knob"], t.params["new"])
-            for t in tips if t.outcome != "ACCEPT" and _is_move(t.params)}
+def tried_moves(history: Iterable[RoundRecord]) -> frozenset[Move]:
+    """Moves already evaluated in this campaign (either end of each)."""
+    seen: set[Move] = set()
     for record in history:
         params = record.candidate.params if record.candidate else {}
         if record.status != "OPEN" and _is_move(params):
@@ -106,17 +70,40 @@ def visited_moves(history: Iterable[RoundRecord], tips: Iterable[Tip]) -> frozen
     return frozenset(seen)
 
 
-def learned_gains(tips: Iterable[Tip]) -> dict[tuple[str, int], float]:
-    """Mean accepted gain (%) by (knob, +1 up / -1 down)."""
-    gains: dict[tuple[str, int], list[float]] = defaultdict(list)
+def known_ineffective(tips: Iterable[Tip], move: Move, variant: str, shapes: str, config: Mapping[str, int]) -> bool:
+    """A tip recorded this very move as not paying, measured in this very context: the same variant, shape
+    class and whole bucket config (a move measured from another config may pay from this one)."""
+    return any(t.outcome != "ACCEPT" and _is_move(t.params) and
+               (t.params["file"], t.params["bucket"], t.params["knob"], t.params["new"]) == move and
+               similarity(t, variant, shapes, config) == 1.0 for t in tips)
+
+
+def learned_gains(tips: Iterable[Tip], variant: str, shapes: str, config: Mapping[str, int]
+                  ) -> dict[tuple[str, int], float]:
+    """Accepted gain (%) by (knob, +1 up / -1 down), averaged with each tip weighted by how similar its context
+    is to this one (`similarity`)."""
+    weighted: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     for t in tips:
         if t.outcome == "ACCEPT" and t.gain_pct is not None and _is_move(t.params):
-            gains[(t.params["knob"], 1 if t.params["new"] > t.params["old"] else -1)].append(t.gain_pct)
-    return {k: sum(v) / len(v) for k, v in gains.items()}
+            key = (t.params["knob"], 1 if t.params["new"] > t.params["old"] else -1)
+            weighted[key].append((similarity(t, variant, shapes, config), t.gain_pct))
+    return {k: sum(w * g for w, g in v) / sum(w for w, _ in v) for k, v in weighted.items() if sum(w for w, _ in v)}
 
 
 class SearchProposer(Proposer):
+    """Without an algorithm: one knob of one bucket per round. With one: a bucket retuned per round by
+    that algorithm, many configs tried and the winner proposed (retune.py)."""
+
     name = "search"
+
+    def __init__(self, algorithm: str | None = None, measure_for: MeasureFactory = trial_pool,
+                 budget: int = BUDGET) -> None:
+        self.algorithm, self.measure_for, self.budget = algorithm, measure_for, budget
+
+    @classmethod
+    def from_config(cls, config: ProposerConfig) -> Proposer:
+        assert isinstance(config, SearchConfig)
+        return cls(config.algorithm)
 
     def check(self, manifest: Manifest) -> None:
         if tuning_file(manifest.op) not in manifest.files:
@@ -131,10 +118,11 @@ class SearchProposer(Proposer):
         module = importlib.import_module(f"kernels.{op}.tuning")
         fits = getattr(module, "fits", lambda cfg: True)
         used = set().union(*(module.buckets_for(dict(s.dims), variant) for s in context.shapes))
-        visited = visited_moves(context.history, context.tips)
-        learned_pct = learned_gains(context.tips)
+        visited = tried_moves(context.history)
+        shapes = shape_class(context.manifest)
         proposals = []
         for bucket in sorted(used & set(table)):
+            learned_pct = learned_gains(context.tips, variant, shapes, table[bucket])
             for knob in DIRECTIONS[direction]:
                 allowed = space.get(knob, ())
                 current = table[bucket][knob]
@@ -145,7 +133,9 @@ class SearchProposer(Proposer):
                     if not 0 <= i + step < len(allowed):
                         continue
                     new = allowed[i + step]
-                    if (file, bucket, knob, new) in visited or not fits(table[bucket] | {knob: new}):
+                    move = (file, bucket, knob, new)
+                    if (move in visited or not fits(table[bucket] | {knob: new})
+                            or known_ineffective(context.tips, move, variant, shapes, table[bucket])):
                         continue
                     prior = PRIOR_GAIN_PCT[(knob, step)]
                     learned = learned_pct.get((knob, step))
@@ -163,6 +153,8 @@ class SearchProposer(Proposer):
                                                 p.params["new"]))
 
     def propose(self, context: RoundContext) -> Outcome:
+        if self.algorithm:
+            return retune(context, self.algorithm, self.measure_for, self.budget)
         exhausted: list[str] = context.scratch.setdefault("exhausted", [])
         current = context.scratch.get("direction")
         if context.after_stagnation and current and current not in exhausted:
@@ -189,6 +181,10 @@ class SearchProposer(Proposer):
         rewrite_table(path, table)
 
     def next_steps(self, state: CampaignState) -> list[str]:
+        if self.algorithm:
+            done = ", ".join(state.proposer_state.get("settled", [])) or "none"
+            return [f"Buckets the {self.algorithm} search settled (nothing better found, or its winner rolled "
+                    f"back): {done}."]
         exhausted = state.proposer_state.get("exhausted", [])
         open_families = [d for d in DIRECTIONS if d not in exhausted]
         lines = [f"Knob families not exhausted: {', '.join(open_families) or 'none'}; a new campaign on this "

@@ -37,6 +37,19 @@ def config_from_table(
     return TileConfig(**{knob: cfg[knob] for knob in KNOBS})
 
 
+def layer_class(dim_a: int, dim_b: int) -> str:
+    """A layer's shape class: its weight's two dims, larger first ("4096x1536"), whichever way round a pass
+    holds them, so that every pass of one layer has the same class."""
+    return f"{max(dim_a, dim_b)}x{min(dim_a, dim_b)}"
+
+
+def table_entry(table: Mapping[str, Mapping[str, int]], bucket: str, shape_class: str) -> str:
+    """The entry a shape uses: `<bucket> <shape class>` where the table splits the bucket so (shapes that
+    disagree within it get their own config), else the bucket's."""
+    specific = f"{bucket} {shape_class}"
+    return specific if specific in table else bucket
+
+
 def fits_shared_memory(cfg: Mapping[str, int], element_size: int, out_element_size: int = 0) -> bool:
     """Whether a software-pipelined mainloop (an A and a B tile per stage), plus the output tile a TMA
     store stages (`out_element_size` bytes per element; 0 for direct stores), fits a Hopper SM's shared memory."""

@@ -79,14 +79,14 @@ def _b_view(b: torch.Tensor, trans_b: bool, pass_name: str) -> torch.Tensor:
 
 
 def grouped_forward(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, out: torch.Tensor) -> None:
-    cfg = config_for("fwd", a.shape[0], b.shape[0])
+    cfg = config_for("fwd", a.shape[0], b.shape[0], b.shape[1:])
     grouped_mm(a, _b_view(b, trans_b, "fwd"), offs, out, cfg)
 
 
 def grouped_dgrad(
     grad_out: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_a: torch.Tensor
 ) -> None:
-    cfg = config_for("dgrad", grad_out.shape[0], b.shape[0])
+    cfg = config_for("dgrad", grad_out.shape[0], b.shape[0], b.shape[1:])
     grouped_mm(grad_out, _b_view(b, trans_b, "dgrad"), offs, grad_a, cfg)
 
 
@@ -94,7 +94,7 @@ def grouped_wgrad(
     grad_out: torch.Tensor, a: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_b: torch.Tensor
 ) -> None:
     """grad_b[g] = grad_out_g^T @ a_g (trans_b, [G, N, K]) or a_g^T @ grad_out_g ([G, K, N])."""
-    cfg = config_for("wgrad", a.shape[0], grad_b.shape[0])
+    cfg = config_for("wgrad", a.shape[0], grad_b.shape[0], grad_b.shape[1:])
     x, y = (grad_out, a) if trans_b else (a, grad_out)
     grouped_mm_vark(x.t(), y.t(), offs, grad_b, cfg)
 

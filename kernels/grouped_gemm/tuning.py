@@ -2,14 +2,16 @@
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
 Buckets are `<pass>/<size>`: pass is fwd, dgrad or wgrad; size is "small" when the average
-group has fewer than SMALL_GROUP_TOKENS tokens, else "large".
+group has fewer than SMALL_GROUP_TOKENS tokens, else "large". A bucket whose layers disagree is
+split by an entry `<pass>/<size> <layer class>` (kernels/common/tiles.py, `layer_class`): that
+layer's own config, still one plain line of the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -38,13 +40,20 @@ def bucket(pass_name: str, total_tokens: int, groups: int) -> str:
     return f"{pass_name}/{size}"
 
 
-def config_for(pass_name: str, total_tokens: int, groups: int) -> TileConfig:
-    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, total_tokens, groups))
+def config_for(pass_name: str, total_tokens: int, groups: int, weight_dims: Sequence[int]) -> TileConfig:
+    """The config of a pass over `groups` weights of `weight_dims` (the two dims, either way round)."""
+    key = table_entry(TUNED_TABLE, bucket(pass_name, total_tokens, groups), layer_class(*weight_dims))
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, key)
+
+
+def shape_class(dims: Mapping[str, int]) -> str:
+    """What a bucket may be split on: the layer (its N and K)."""
+    return layer_class(dims["N"], dims["K"])
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
-    """Buckets a fwd+bwd step of these dims (B groups of M tokens on average) uses: one per pass."""
-    return {bucket(p, dims["B"] * dims["M"], dims["B"]) for p in PASSES}
+    """Table entries a fwd+bwd step of these dims (B groups of M tokens on average) uses: one per pass."""
+    return {table_entry(TUNED_TABLE, bucket(p, dims["B"] * dims["M"], dims["B"]), shape_class(dims)) for p in PASSES}
 
 
 def fits(cfg: Mapping[str, int]) -> bool:

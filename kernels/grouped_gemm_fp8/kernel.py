@@ -201,7 +201,7 @@ def m_grouped_fp8(
         a=sx, a_strides=row_scale_strides(sx, granularity), b=weight.scale, b_strides=weight.strides,
         b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = config_for(pass_name, xq.shape[0], weight.data.shape[0], granularity)
+    cfg = config_for(pass_name, xq.shape[0], weight.data.shape[0], granularity, weight.data.shape[1:])
     if blockwise_ws.supported(xq, weight.data, out, scales, cfg):
         blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs)
     else:
@@ -229,5 +229,5 @@ def vark_fp8(
         x=sx, x_strides=vark_scale_strides(sx, granularity), y=sy, y_strides=vark_scale_strides(sy, granularity),
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = config_for("wgrad", tokens, out.shape[0], granularity)
+    cfg = config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
     grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)

@@ -1,7 +1,7 @@
 """grouped_gemm_fp8: the tunable space and the tuned table (pass/bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
-Buckets as in kernels/grouped_gemm/tuning.py, with a `/blockwise` twin: blockwise scaling keeps a
+Buckets (and their splits by layer) as in kernels/grouped_gemm/tuning.py, with a `/blockwise` twin: blockwise scaling keeps a
 second [BLOCK_M, BLOCK_N] fp32 tile live (the K block's product before its scales are applied), so
 128x256 tiles spill registers there. BLOCK_K is 128: blockwise scaling promotes once per 128-wide
 K block, and fp8 tiles want 128 bytes of K per row anyway.
@@ -14,11 +14,11 @@ the Triton kernels.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from kernels.common.fp8 import Granularity
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
-from kernels.grouped_gemm.tuning import PASSES, bucket
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
+from kernels.grouped_gemm.tuning import PASSES, bucket, shape_class
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -50,14 +50,18 @@ def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularit
     return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
 
 
-def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> TileConfig:
-    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, _key(pass_name, total_tokens, groups, granularity))
+def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity,
+               weight_dims: Sequence[int]) -> TileConfig:
+    """The config of a pass over `groups` weights of `weight_dims` (the two dims, either way round)."""
+    key = table_entry(TUNED_TABLE, _key(pass_name, total_tokens, groups, granularity), layer_class(*weight_dims))
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, key)
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:
-    """Buckets a fwd+bwd step of these dims uses under a variant such as "hybrid-blockwise"."""
+    """Table entries a fwd+bwd step of these dims uses under a variant such as "hybrid-blockwise"."""
     granularity = Granularity(variant.split("-")[1])
-    return {_key(p, dims["B"] * dims["M"], dims["B"], granularity) for p in PASSES}
+    return {table_entry(TUNED_TABLE, _key(p, dims["B"] * dims["M"], dims["B"], granularity), shape_class(dims))
+            for p in PASSES}
 
 
 def fits(cfg: Mapping[str, int]) -> bool:

@@ -1,0 +1,109 @@
+"""Trials fanned out over every visible GPU: one worker process per GPU (`python -m agent.trials`
+with CUDA_VISIBLE_DEVICES set to its GPU), each with a share of a batch's configs. One GPU, or
+none (the CPU interpreter): one worker, as before.
+
+A batch's first config is the one the others are compared with (the search algorithms measure the
+config they start from first in every batch). Each worker measures it next to its own share, and
+reports its share's scores over it: GPUs of one machine differ by a few percent, so a score is only
+ever compared with one taken on the same GPU. The first config scores 1.0.
+
+A worker that hangs past its time limit or dies costs the configs it had not finished a NaN (an
+ERROR in the search's eyes), never the campaign; its whole process group is killed
+(agent/processes.py), so nothing it started outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from agent.config_space import Config
+from agent.processes import ChildRegistry, TimeLimit, run_child
+from agent.trials import TrialJob, TrialScores
+from harness.files import REPO_ROOT, atomic_write_text
+
+
+def visible_gpus() -> list[str | None]:
+    """One entry per worker: the CUDA device each runs on (as CUDA_VISIBLE_DEVICES names it, if the runner
+    was given a subset), or [None] (one worker) without CUDA."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return (named[:count] if len(named) >= count else [str(i) for i in range(count)]) or [None]
+
+
+def shares(n_configs: int, workers: int) -> list[list[int]]:
+    """Config indices 1..n-1 dealt round-robin over the workers (index 0, the reference, goes to all)."""
+    dealt: list[list[int]] = [[] for _ in range(min(workers, max(1, n_configs - 1)))]
+    for i in range(1, n_configs):
+        dealt[(i - 1) % len(dealt)].append(i)
+    return dealt
+
+
+class TrialPool:
+    """The search's `Measure`: (configs, fidelity) -> a score per config, relative to the first one."""
+
+    def __init__(self, root: Path, job: TrialJob, work_dir: Path, registry: ChildRegistry, *,
+                 workers: Sequence[str | None] | None = None, limit_s: float = 900.0,
+                 command: Sequence[str] = (sys.executable, "-m", "agent.trials")) -> None:
+        self.root, self.job, self.work_dir, self.registry = root, job, work_dir, registry
+        self.workers = list(workers) if workers is not None else visible_gpus()
+        self.limit_s, self.command = limit_s, list(command)
+        self.batches = 0
+        # why each failed config failed, by its position in the last batch (also written next to its trials)
+        self.errors: dict[int, str] = {}
+
+    def __call__(self, configs: Sequence[Config], fidelity: int) -> list[float]:
+        self.batches += 1
+        self.errors = {}
+        dealt = shares(len(configs), len(self.workers))
+        repeats = self.job.repeats * fidelity
+        with ThreadPoolExecutor(len(dealt)) as pool:
+            found = list(pool.map(lambda w: self._worker(w, [0, *dealt[w]], configs, repeats), range(len(dealt))))
+        if self.errors:
+            failed = {json.dumps(configs[i], sort_keys=True): e for i, e in sorted(self.errors.items())}
+            atomic_write_text(self.work_dir / f"trials-{self.batches}.errors.json", json.dumps(failed, indent=1) + "\n")
+        scores = [math.nan] * len(configs)
+        scores[0] = 1.0 if any(math.isfinite(s[0]) and s[0] > 0 for s in found) else math.nan
+        for w, share in enumerate(dealt):
+            ref = found[w][0]
+            for i, raw in zip(share, found[w][1:], strict=True):
+                scores[i] = raw / ref if ref > 0 and math.isfinite(ref) else math.nan
+        return scores
+
+    def _worker(self, w: int, indices: list[int], configs: Sequence[Config], repeats: int) -> list[float]:
+        """Run worker `w` on `indices` of the batch; a score per index (NaN where it failed or never got to)."""
+        stem = self.work_dir / f"trials-{self.batches}-w{w}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        job = self.job.model_copy(update={"configs": [configs[i] for i in indices], "repeats": repeats})
+        job_path, out = stem.with_suffix(".job.json"), stem.with_suffix(".scores.json")
+        job_path.write_text(job.model_dump_json())
+        out.unlink(missing_ok=True)
+        gpu = self.workers[w]
+        # the campaign's tree first (its kernels), then turbo-opt's own (the trial worker, the harness)
+        path = [str(self.root), str(REPO_ROOT), os.environ.get("PYTHONPATH")]
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        problem = None
+        with stem.with_suffix(".log").open("w") as log:
+            try:
+                code = run_child([*self.command, str(job_path), str(out)], cwd=self.root, env=env, log=log,
+                                 registry=self.registry, limit_s=self.limit_s)
+                problem = f"worker {w} exited {code}" if code else None
+            except TimeLimit as exc:
+                problem = f"worker {w} {exc}"
+        done = TrialScores.model_validate_json(out.read_text()) if out.exists() else TrialScores()
+        for i, error in zip(indices, done.errors, strict=False):
+            if error:
+                self.errors[i] = error
+        missing = indices[len(done.scores):]
+        for i in missing:
+            self.errors[i] = problem or f"worker {w} gave no score"
+        return [*done.scores, *[math.nan] * len(missing)]

@@ -1,0 +1,45 @@
+"""An op's tuning.py as data: its TUNABLE_SPACE and TUNED_TABLE literals read without importing the
+module (the campaign's tree, not a stale import), and the TUNED_TABLE literal rewritten in place, one
+bucket a line, so that a diff shows exactly the buckets a round changed."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+
+def tuning_file(op: str) -> str:
+    return f"kernels/{op}/tuning.py"
+
+
+def _assignment(tree: ast.Module, name: str) -> ast.Assign | ast.AnnAssign:
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return node
+    raise ValueError(f"no top-level assignment to {name}")
+
+
+def read_tuning(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, dict[str, int]]]:
+    """TUNABLE_SPACE and TUNED_TABLE as the file on disk holds them (literals, read without importing)."""
+    tree = ast.parse(path.read_text())
+    space = ast.literal_eval(_assignment(tree, "TUNABLE_SPACE").value)
+    table = ast.literal_eval(_assignment(tree, "TUNED_TABLE").value)
+    return space, table
+
+
+def rewrite_table(path: Path, table: dict[str, dict[str, int]]) -> None:
+    """Replace the TUNED_TABLE literal in `path`, one bucket a line, leaving the rest untouched."""
+    source = path.read_text()
+    node = _assignment(ast.parse(source), "TUNED_TABLE")
+    lines = source.splitlines(keepends=True)
+    head = lines[node.lineno - 1].split("=", 1)[0].rstrip()
+    body = "".join(f"    {json.dumps(bucket)}: {json.dumps(cfg)},\n" for bucket, cfg in table.items())
+    new = f"{head} = {{\n{body}}}\n"
+    path.write_text("".join(lines[: node.lineno - 1]) + new + "".join(lines[node.end_lineno :]))

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 19 on one GPU: the retune search from a detuned grouped_gemm_fp8 table (e4m3-rowwise, headline),
+# then one bench of the hand-tuned table and of the campaign's best in the same call. Each part fits one
+# device call (under 10 minutes); carry .whl (pydantic, gitpython). Results land in $OUT/results.tgz.
+#   scripts/gpu_search.sh campaign [algorithm]   # default halving; about 8 minutes of rounds
+#   scripts/gpu_search.sh resume                 # the same campaign, on the same (still warm) machine
+#   scripts/gpu_search.sh bench                  # hand-tuned vs the campaign's best, one call
+source "$(dirname "$0")/gpu_env.sh"
+install_wheels
+export GIT_AUTHOR_NAME=gpu GIT_AUTHOR_EMAIL=gpu@turbo-opt GIT_COMMITTER_NAME=gpu GIT_COMMITTER_EMAIL=gpu@turbo-opt
+TUNING=kernels/grouped_gemm_fp8/tuning.py
+NAME=detuned-search
+[ -d .git ] || { git init -q && git add -A && git commit -qm "working tree"; }
+case "${1:-campaign}" in
+  campaign)
+    git tag -f hand-tuned > /dev/null
+    python3 - "$TUNING" <<'PY'
+import sys
+from pathlib import Path
+from agent.tuning_table import read_tuning, rewrite_table
+detuned = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+path = Path(sys.argv[1])
+rewrite_table(path, dict.fromkeys(read_tuning(path)[1], detuned))
+PY
+    git commit -qam "detuned start (every bucket 64x64x128, GROUP_M 1, 4 warps, 2 stages)"
+    cat > "$WORK/manifest.yaml" <<YAML
+op: grouped_gemm_fp8
+variant: e4m3-rowwise
+shapes: headline
+max_iterations: 20
+max_duration_min: 8
+repeats: 20
+proposer: {kind: search, algorithm: ${2:-halving}}
+YAML
+    cp "$WORK/manifest.yaml" campaigns/detuned-search.yaml
+    git add campaigns/detuned-search.yaml && git commit -qm "the search campaign's manifest"
+    step campaign 560 python3 -m agent start --manifest campaigns/detuned-search.yaml --name "$NAME"
+    ;;
+  resume)
+    step resume 560 python3 -m agent resume "$NAME"
+    ;;
+  bench)
+    git show hand-tuned:"$TUNING" > "$WORK/hand-tuned.py"
+    cp "$TUNING" "$WORK/best.py"
+    for table in hand-tuned best; do
+      cp "$WORK/$table.py" "$TUNING"
+      step "bench-$table" 240 python3 -m agent bench --op grouped_gemm_fp8 --variant e4m3-rowwise --shapes headline \
+        --repeats 20 --summary-csv "$WORK/$table.csv"
+    done
+    cp "$WORK/best.py" "$TUNING"
+    python3 -m agent gate "$WORK/hand-tuned.csv" "$WORK/best.csv" 2>&1 | tee "$WORK/gate.log"
+    python3 -c "
+import sys
+from harness.schema import read_summary
+from harness.stats import geomean
+hand, best = (read_summary(p).metric('step') for p in sys.argv[1:])
+print(f'best over hand-tuned, step geomean: {geomean(best) / geomean(hand):.3f}x (issue 19 asks >= 0.95x)')
+" "$WORK/hand-tuned.csv" "$WORK/best.csv" | tee "$WORK/ratio.log"
+    ;;
+esac
+cp -r "campaigns/runs/$NAME" "$WORK/" 2>/dev/null || true

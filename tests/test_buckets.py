@@ -1,0 +1,74 @@
+"""Buckets that follow the shapes: a grouped op's table entry split by layer, and the retune search
+proposing the split when the bucket's winner would slow one layer down (fake trials: no GPU)."""
+
+import json
+
+import pytest
+
+from agent.proposers import Proposed
+from agent.proposers.search import SearchProposer
+from agent.tuning_table import read_tuning, rewrite_table
+from kernels.common.fp8 import Granularity
+from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
+from tests.test_search_proposer import context, op_root
+
+GATEUP = {"B": 8, "M": 2048, "N": 3072, "K": 4096}
+DOWN = {"B": 8, "M": 2048, "N": 4096, "K": 1536}
+DETUNED = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+
+
+def test_a_split_entry_serves_its_layer_only(monkeypatch):
+    own = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 3}
+    monkeypatch.setitem(fp8_tuning.TUNED_TABLE, "fwd/large 4096x1536", own)
+    assert fp8_tuning.config_for("fwd", 16384, 8, Granularity.ROWWISE, (4096, 1536)).BLOCK_N == 128
+    assert fp8_tuning.config_for("fwd", 16384, 8, Granularity.ROWWISE, (1536, 4096)).BLOCK_N == 128  # dgrad's view
+    assert fp8_tuning.config_for("fwd", 16384, 8, Granularity.ROWWISE, (3072, 4096)).BLOCK_N == 256
+    assert "fwd/large 4096x1536" in fp8_tuning.buckets_for(DOWN) and "fwd/large" in fp8_tuning.buckets_for(GATEUP)
+
+
+def layer_speed(cfg, dims) -> float:
+    """Wider tiles pay on the gate-up layer; on the down layer (K 1536) BLOCK_N 128 is best and 256 costs 30%."""
+    block_n = ({64: 1.0, 128: 1.1, 256: 0.7} if dims["K"] == 1536 else {64: 1.0, 128: 1.2, 256: 2.0})[cfg["BLOCK_N"]]
+    return 100.0 * 1.1 ** ((cfg["BLOCK_M"] == 128) + (cfg["num_warps"] == 8)) * block_n
+
+
+def trials(context, bucket, shapes):
+    def measure(configs, fidelity):
+        scores = [1.0] * len(configs)
+        for shape in shapes:
+            scores = [s * layer_speed(c, shape.dims) for s, c in zip(scores, configs, strict=True)]
+        return [(s / scores[0]) ** (1 / len(shapes)) for s in scores]
+    return measure
+
+
+def detuned(tmp_path):
+    root = op_root(tmp_path, "grouped_gemm_fp8")
+    path = root / "kernels/grouped_gemm_fp8/tuning.py"
+    rewrite_table(path, dict.fromkeys(read_tuning(path)[1], DETUNED))
+    return root
+
+
+def test_the_search_splits_a_bucket_whose_winner_slows_one_layer_down(tmp_path):
+    root = detuned(tmp_path)
+    path = root / "kernels/grouped_gemm_fp8/tuning.py"
+    ctx = context(root, "grouped_gemm_fp8", (GATEUP, DOWN), "e4m3-rowwise")
+    outcome = SearchProposer("pattern", trials, budget=60).propose(ctx)
+    assert isinstance(outcome, Proposed)
+    p = outcome.proposal.params
+    assert p["new"]["BLOCK_N"] == 256 and list(p["split"]) == [f"{p['bucket']} 4096x1536"]
+    own = p["split"][f"{p['bucket']} 4096x1536"]
+    assert (own["BLOCK_N"], own["BLOCK_M"], own["num_warps"]) == (128, 128, 8)
+    after = read_tuning(path)[1]
+    keys = list(after)
+    assert keys[keys.index(p["bucket"]) + 1] == f"{p['bucket']} 4096x1536"  # right under its bucket, one line
+    assert "split" in outcome.proposal.summary and after[p["bucket"]] == p["new"]
+    tried = json.loads((root / "trials.json").read_text())
+    assert set(tried) == {p["bucket"], f"{p['bucket']} 4096x1536"}  # the bucket's search and the layer's own
+
+
+@pytest.mark.parametrize("dims", [(GATEUP,), (GATEUP, {**GATEUP, "M": 4096})])
+def test_no_split_where_the_shapes_are_one_layer(tmp_path, dims):
+    root = detuned(tmp_path)
+    outcome = SearchProposer("pattern", trials, budget=60).propose(context(root, "grouped_gemm_fp8", dims,
+                                                                            "e4m3-rowwise"))
+    assert isinstance(outcome, Proposed) and outcome.proposal.params["split"] == {}
