@@ -23,6 +23,10 @@ class Tree:
     def at_candidate(self, number: int) -> None:
         self.at = "candidate"
 
+    def focused_test(self, log) -> str | None:
+        self.order.append(f"test {self.at}")
+        return None
+
     def bench(self, request: BenchRequest, what: str):
         self.order.append(self.at)
         rate = 110.0 if self.at == "candidate" else 100.0
@@ -42,7 +46,8 @@ def test_the_pairs_alternate_which_side_goes_first(tmp_path: Path):
         found = validate(record, tmp_path, manifest, tree.bench, tree)
         record.measurements.append(found.candidate)
         record.references.append(found.reference)
-    assert tree.order == ["candidate", "best", "best", "candidate", "candidate", "best"]
+    # The focused test runs once, on the candidate, before its first measurement.
+    assert tree.order == ["test candidate", "candidate", "best", "best", "candidate", "candidate", "best"]
     assert [m.per_shape["s1"] for m in record.measurements] == [110.0, 110.0, 110.0]
     assert [m.per_shape["s1"] for m in record.references] == [100.0, 100.0, 100.0]
     assert [m.csv for m in record.references] == [f"rounds/round-2/artifacts/reference{s}.csv"
