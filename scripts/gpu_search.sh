@@ -4,7 +4,8 @@
 # device call (under 10 minutes); carry .whl (pydantic, gitpython). Results land in $OUT/results.tgz.
 #   scripts/gpu_search.sh campaign [algorithm]   # default halving; about 8 minutes of rounds
 #   scripts/gpu_search.sh resume                 # the same campaign, on the same (still warm) machine
-#   scripts/gpu_search.sh bench                  # hand-tuned vs the campaign's best, one call
+#   scripts/gpu_search.sh bench [TABLE]          # hand-tuned vs the campaign's best (TABLE: its tuning.py,
+#                                                # as the campaign call returned it in best-tuning.py), one call
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
 export GIT_AUTHOR_NAME=gpu GIT_AUTHOR_EMAIL=gpu@turbo-opt GIT_COMMITTER_NAME=gpu GIT_COMMITTER_EMAIL=gpu@turbo-opt
@@ -28,20 +29,24 @@ op: grouped_gemm_fp8
 variant: e4m3-rowwise
 shapes: headline
 max_iterations: 20
-max_duration_min: 8
+max_duration_min: ${MINUTES:-6}
 repeats: 20
 proposer: {kind: search, algorithm: ${2:-halving}}
 YAML
     cp "$WORK/manifest.yaml" campaigns/detuned-search.yaml
     git add campaigns/detuned-search.yaml && git commit -qm "the search campaign's manifest"
     step campaign 560 python3 -m agent start --manifest campaigns/detuned-search.yaml --name "$NAME"
+    cp "$TUNING" "$WORK/best-tuning.py"
+    cp -r "campaigns/runs/$NAME" "$WORK/run" 2>/dev/null
     ;;
   resume)
     step resume 560 python3 -m agent resume "$NAME"
+    cp "$TUNING" "$WORK/best-tuning.py"
+    cp -r "campaigns/runs/$NAME" "$WORK/run" 2>/dev/null
     ;;
   bench)
-    git show hand-tuned:"$TUNING" > "$WORK/hand-tuned.py"
-    cp "$TUNING" "$WORK/best.py"
+    git show hand-tuned:"$TUNING" > "$WORK/hand-tuned.py" 2>/dev/null || cp "$TUNING" "$WORK/hand-tuned.py"
+    cp "${2:-$TUNING}" "$WORK/best.py"
     for table in hand-tuned best; do
       cp "$WORK/$table.py" "$TUNING"
       step "bench-$table" 240 python3 -m agent bench --op grouped_gemm_fp8 --variant e4m3-rowwise --shapes headline \
