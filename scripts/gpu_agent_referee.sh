@@ -9,9 +9,7 @@
 #                                           # vs basic, twice
 # Results land in $OUT/results.tgz.
 source "$(dirname "$0")/gpu_env.sh"
-# The device gets the working tree without its .git: the campaign clones need a repository, and commits an identity.
-export GIT_AUTHOR_NAME=gpu GIT_AUTHOR_EMAIL=gpu@turbo-opt GIT_COMMITTER_NAME=gpu GIT_COMMITTER_EMAIL=gpu@turbo-opt
-[ -d .git ] || { git init -q && git add -A && git commit -qm "working tree"; }
+git_snapshot
 cat > "$WORK/llama3-8b-core.yaml" <<'SHAPES'
 - {label: llama3-8b/qkv/t4096, M: 4096, N: 6144, K: 4096}
 - {label: llama3-8b/o/t4096, M: 4096, N: 4096, K: 4096}

@@ -31,3 +31,10 @@ install_wheels() {  # the carried wheels into /tmp/site (a failed install ends t
   fi
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 }
+
+git_snapshot() {  # the device gets the tree without .git (a .git of an earlier call may linger): campaigns
+  # need a checkout whose tree is committed, and commits an identity
+  export GIT_AUTHOR_NAME=gpu GIT_AUTHOR_EMAIL=gpu@turbo-opt GIT_COMMITTER_NAME=gpu GIT_COMMITTER_EMAIL=gpu@turbo-opt
+  [ -d .git ] || git init -q
+  git add -A && { git diff --cached --quiet || git commit -qm "working tree"; }
+}

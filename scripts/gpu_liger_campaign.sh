@@ -10,8 +10,7 @@
 #   run(command="bash scripts/gpu_liger_campaign.sh", carry=[".whl"], timeout_s=600)
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
-export GIT_AUTHOR_NAME=gpu GIT_AUTHOR_EMAIL=gpu@turbo-opt GIT_COMMITTER_NAME=gpu GIT_COMMITTER_EMAIL=gpu@turbo-opt
-[ -d .git ] || { git init -q && git add -A && git commit -qm "working tree"; }
+git_snapshot
 LIGER=/tmp/liger-kernel
 step liger-repo 120 bash scripts/liger_repo.sh .whl/liger_kernel-0.8.5.tar.gz "$LIGER"
 python3 - "$WORK/liger.yaml" "$LIGER" "$PWD" <<'PY'

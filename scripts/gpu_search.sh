@@ -8,10 +8,9 @@
 #                                                # as the campaign call returned it in best-tuning.py), one call
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
-export GIT_AUTHOR_NAME=gpu GIT_AUTHOR_EMAIL=gpu@turbo-opt GIT_COMMITTER_NAME=gpu GIT_COMMITTER_EMAIL=gpu@turbo-opt
 TUNING=kernels/grouped_gemm_fp8/tuning.py
 NAME=detuned-search
-[ -d .git ] || { git init -q && git add -A && git commit -qm "working tree"; }
+git_snapshot
 case "${1:-campaign}" in
   campaign)
     git tag -f hand-tuned > /dev/null
