@@ -1,0 +1,36 @@
+"""Torch implementations of the MoE ops: the float64 references of the tests (called on float64 inputs)
+and the torch baselines the benchmarks time (called on the GPU's own dtypes). Plain torch ops with
+autograd, written the way Megatron-LM and Hugging Face's DeepSeek-V3 write them."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.moe.router import RENORM_EPS, RouterConfig
+
+
+def torch_route(logits: torch.Tensor, config: RouterConfig, expert_bias: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(probs, expert_ids, tokens_per_expert, aux_loss, z_loss) as kernels.moe.route defines them:
+    topk + softmax / sigmoid, in float32 (float64 for float64 logits)."""
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    T, E = x.shape
+    K = config.topk
+    scores = torch.sigmoid(x) if config.score_func == "sigmoid" else torch.softmax(x, dim=-1)
+    sel = scores.detach() + expert_bias.to(x.dtype) if expert_bias is not None else scores.detach()
+    if config.n_group > 1:
+        group_scores = sel.view(T, config.n_group, -1).topk(config.group_pick, dim=-1).values.sum(-1)
+        kept = group_scores.topk(config.topk_group, dim=-1).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        sel = sel.masked_fill(~group_mask.repeat_interleave(E // config.n_group, dim=1), float("-inf"))
+    ids = sel.topk(K, dim=-1).indices
+    probs = scores.gather(1, ids)
+    if config.renormalize:
+        probs = probs / (probs.sum(-1, keepdim=True) + RENORM_EPS)
+    probs = probs * config.scaling_factor
+    flat = ids.reshape(-1)
+    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    balance = scores / (scores.sum(-1, keepdim=True) + RENORM_EPS) if config.score_func == "sigmoid" else scores
+    aux_loss = (balance.sum(0) * counts.to(x.dtype)).sum() * config.balance_scale(T)
+    z_loss = torch.logsumexp(x, dim=-1).square().mean()
+    return probs, ids, counts, aux_loss, z_loss
