@@ -2,8 +2,9 @@
 # Issue 17, one device call (about 4 minutes at most): the GPU tests of the MoE permute / unpermute
 # (bf16 at DeepSeek-V3's hidden size, CUDA-graph replay of permute -> grouped_gemm_fp8 -> unpermute
 # equal to eager) and of the router (DeepSeek-V3 at 4096 and 32k tokens against float64, CUDA-graph
-# replay), then benchmarks/moe_ops.py (the router: forward + backward against torch, >= 5x wanted): GB/s of each pass next to torch and to a copy measured in
-# the same run, timed with CUDA events (host time in) and replayed from CUDA graphs (GPU time alone).
+# replay), then benchmarks/moe_ops.py: GB/s of each pass next to torch and to a copy measured in the
+# same run (the router: forward + backward against torch, >= 5x wanted), timed with CUDA events (host
+# time in) and replayed from CUDA graphs (GPU time alone).
 # Each step has its own time limit; a failing step does not stop the next. Logs and the
 # CSV land in $OUT/results.tgz; each step's tail is printed. The tests need pydantic (harness.snr reads
 # rules/), which the device image lacks: carry .whl (README's wheels):
