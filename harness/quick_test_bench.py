@@ -216,9 +216,10 @@ def _other_inputs(spec: OpSpec, problem: Problem, offset: int) -> Tensors:
     return spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + offset))
 
 
-def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors) -> None:
-    """New values in the same tensors (same id and data_ptr): what a training step does to its buffers."""
-    fresh = _other_inputs(spec, problem, RECHECK_SEED_OFFSET)
+def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors, offset: int = RECHECK_SEED_OFFSET) -> None:
+    """New values in the same tensors (same id and data_ptr): what a training step does to its buffers.
+    Offset 0 puts back the values make_inputs gave them."""
+    fresh = _other_inputs(spec, problem, offset)
     for name, tensor in inputs.items():
         if tensor.is_floating_point():
             tensor.copy_(fresh[name])
@@ -376,7 +377,9 @@ def run_shape(run: BenchRun, shape: Shape) -> dict[str, ShapeResult]:
     # vendor's, trusted.
     extra = skew_checks(problem)
     results = {}
-    for r in run.runners:
+    for i, r in enumerate(run.runners):
+        if i:  # the runner before re-checked itself on refilled inputs: back to the values `ref` is of
+            _refill_in_place(spec, problem, inputs, offset=0)
         ours = r is spec.runner
         results[r.name] = run_runner(spec, r, problem, inputs, ref, shape, dims, run.timer, extra if ours else [],
                                      run.fresh_sets if ours else 0, ours and run.checks == "full")
