@@ -34,3 +34,20 @@ def torch_route(logits: torch.Tensor, config: RouterConfig, expert_bias: torch.T
     aux_loss = (balance.sum(0) * counts.to(x.dtype)).sum() * config.balance_scale(T)
     z_loss = torch.logsumexp(x, dim=-1).square().mean()
     return probs, ids, counts, aux_loss, z_loss
+
+
+def torch_permute_rows(ids: torch.Tensor, num_experts: int, pad_to: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows [T, topk] int32, group_offs [E+1] int64, counts [E] int64) of permute's layout: the pairs
+    sorted by expert (stable: token order within an expert), each group padded to pad_to. No host sync
+    (scatter_add_, not bincount)."""
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    lens = (counts + pad_to - 1) // pad_to * pad_to
+    group_offs = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+    sorted_starts = counts.cumsum(0) - counts
+    experts = flat[order]
+    rank = torch.arange(flat.numel(), device=ids.device) - sorted_starts[experts]
+    rows = torch.empty_like(flat).index_put_((order,), group_offs[experts] + rank)
+    return rows.view(ids.shape).int(), group_offs, counts

@@ -302,10 +302,13 @@ def _block_t(e_pad: int) -> int:
     return max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // e_pad))
 
 
-def router_forward(logits: torch.Tensor, config: RouterConfig, expert_bias: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def router_forward(
+    logits: torch.Tensor, config: RouterConfig, expert_bias: torch.Tensor | None,
+    probs: torch.Tensor | None = None, aux_loss: torch.Tensor | None = None, z_loss: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward launches: (probs [T, topk] fp32, expert_ids [T, topk] int32, tokens_per_expert [E]
-    int64, aux_loss, z_loss) with logits [T, E] contiguous in its last dim."""
+    int64, aux_loss, z_loss) with logits [T, E] contiguous in its last dim; probs and the 0-dim fp32
+    losses into the given buffers where there are some."""
     T, E = logits.shape
     K, device = config.topk, logits.device
     e_pad = triton.next_power_of_2(E)
@@ -313,14 +316,17 @@ def router_forward(logits: torch.Tensor, config: RouterConfig, expert_bias: torc
     n_blocks = cdiv(T, block_t)
     blocks_per_program = cdiv(n_blocks, MAX_PROGRAMS)
     programs = cdiv(n_blocks, blocks_per_program)
-    probs = torch.empty((T, K), dtype=torch.float32, device=device)
+    if probs is None:
+        probs = torch.empty((T, K), dtype=torch.float32, device=device)
     ids = torch.empty((T, K), dtype=torch.int32, device=device)
     part_counts = torch.empty((programs, E), dtype=torch.int32, device=device)
     part_probs = torch.empty((programs, E), dtype=torch.float32, device=device)
     part_z = torch.empty(programs, dtype=torch.float32, device=device)
     counts = torch.empty(E, dtype=torch.int64, device=device)
-    aux_loss = torch.empty((), dtype=torch.float32, device=device)
-    z_loss = torch.empty((), dtype=torch.float32, device=device)
+    if aux_loss is None:
+        aux_loss = torch.empty((), dtype=torch.float32, device=device)
+    if z_loss is None:
+        z_loss = torch.empty((), dtype=torch.float32, device=device)
     _router_fwd_kernel[(programs,)](
         logits, expert_bias if expert_bias is not None else logits, probs, ids, part_counts, part_probs, part_z,
         T, E, logits.stride(0), E // config.n_group, blocks_per_program, config.scaling_factor,
@@ -337,11 +343,13 @@ def router_forward(logits: torch.Tensor, config: RouterConfig, expert_bias: torc
 
 
 def router_backward(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, config: RouterConfig,
-                    grad_probs: torch.Tensor | None, grad_aux: torch.Tensor | None,
-                    grad_z: torch.Tensor | None) -> torch.Tensor:
-    """grad_logits [T, E] in the logits' dtype; a None gradient is an output the loss did not use."""
+                    grad_probs: torch.Tensor | None, grad_aux: torch.Tensor | None, grad_z: torch.Tensor | None,
+                    grad_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """grad_logits [T, E] in the logits' dtype (into the given buffer if any); a None gradient is an output
+    the loss did not use."""
     T, E = logits.shape
-    grad_logits = torch.empty_like(logits)
+    if grad_logits is None:
+        grad_logits = torch.empty_like(logits)
     e_pad = triton.next_power_of_2(E)
     block_t = _block_t(e_pad)
     if grad_probs is not None:
