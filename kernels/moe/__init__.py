@@ -7,10 +7,15 @@
     out = unpermute(h, p.row_map, r.probs)                                        # top-k copies combined
     loss = task_loss + aux_coeff * r.aux_loss + z_coeff * r.z_loss
 
+    layer = MoEMLP(7168, 2048, RouterConfig.deepseek_v3(), expert_bias=True)    # all of it as one module
+    out, routing = layer(x)
+
 Routing stays on the device: nothing reads the tokens per expert on the host (CUDA-graph safe).
 """
 
+from kernels.moe.mlp import MoEMLP, swiglu
 from kernels.moe.permute import Permuted, RowMap, capacity_for, permute, unpermute
 from kernels.moe.router import RouterConfig, Routing, route
 
-__all__ = ["Permuted", "RouterConfig", "Routing", "RowMap", "capacity_for", "permute", "route", "unpermute"]
+__all__ = ["MoEMLP", "Permuted", "RouterConfig", "Routing", "RowMap", "capacity_for", "permute", "route", "swiglu",
+           "unpermute"]

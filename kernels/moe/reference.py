@@ -4,26 +4,24 @@ autograd, written the way Megatron-LM and Hugging Face's DeepSeek-V3 write them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kernels.moe.router import RENORM_EPS, RouterConfig
 
 
-def torch_route(logits: torch.Tensor, config: RouterConfig, expert_bias: torch.Tensor | None = None
+def torch_route(logits: torch.Tensor, config: RouterConfig, expert_bias: torch.Tensor | None = None,
+                chosen_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(probs, expert_ids, tokens_per_expert, aux_loss, z_loss) as kernels.moe.route defines them:
-    topk + softmax / sigmoid, in float32 (float64 for float64 logits)."""
+    topk + softmax / sigmoid, in float32 (float64 for float64 logits). `chosen_ids` [T, topk]: the experts
+    taken as chosen instead of selecting them (a reference on logits computed at another precision, where a
+    near tie could pick differently)."""
     x = logits if logits.dtype == torch.float64 else logits.float()
     T, E = x.shape
-    K = config.topk
     scores = torch.sigmoid(x) if config.score_func == "sigmoid" else torch.softmax(x, dim=-1)
-    sel = scores.detach() + expert_bias.to(x.dtype) if expert_bias is not None else scores.detach()
-    if config.n_group > 1:
-        group_scores = sel.view(T, config.n_group, -1).topk(config.group_pick, dim=-1).values.sum(-1)
-        kept = group_scores.topk(config.topk_group, dim=-1).indices
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        sel = sel.masked_fill(~group_mask.repeat_interleave(E // config.n_group, dim=1), float("-inf"))
-    ids = sel.topk(K, dim=-1).indices
+    ids = _select(scores.detach(), config, expert_bias) if chosen_ids is None else chosen_ids.long()
     probs = scores.gather(1, ids)
     if config.renormalize:
         probs = probs / (probs.sum(-1, keepdim=True) + RENORM_EPS)
@@ -34,6 +32,43 @@ def torch_route(logits: torch.Tensor, config: RouterConfig, expert_bias: torch.T
     aux_loss = (balance.sum(0) * counts.to(x.dtype)).sum() * config.balance_scale(T)
     z_loss = torch.logsumexp(x, dim=-1).square().mean()
     return probs, ids, counts, aux_loss, z_loss
+
+
+def _select(scores: torch.Tensor, config: RouterConfig, expert_bias: torch.Tensor | None) -> torch.Tensor:
+    """The top-k experts of each token by scores (+ bias), within its best topk_group groups."""
+    T, E = scores.shape
+    sel = scores + expert_bias.to(scores.dtype) if expert_bias is not None else scores
+    if config.n_group > 1:
+        group_scores = sel.view(T, config.n_group, -1).topk(config.group_pick, dim=-1).values.sum(-1)
+        kept = group_scores.topk(config.topk_group, dim=-1).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        sel = sel.masked_fill(~group_mask.repeat_interleave(E // config.n_group, dim=1), float("-inf"))
+    return sel.topk(config.topk, dim=-1).indices
+
+
+ExpertMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def grouped_mm_experts(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of x sorted by expert (counts [E] of them each) times each expert's w[e]^T: torch._grouped_mm."""
+    return torch._grouped_mm(x, w.transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
+
+
+def torch_moe_mlp(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                  config: RouterConfig, expert_bias: torch.Tensor | None = None,
+                  chosen_ids: torch.Tensor | None = None, experts: ExpertMatmul = grouped_mm_experts,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, aux_loss, z_loss) of kernels.moe.MoEMLP in torch: torch_route, a stable argsort and
+    index_select, `experts` for GateUP and Down (torch._grouped_mm; a loop for float64), silu * up, the
+    probabilities' weighted index_add_."""
+    probs, ids, counts, aux_loss, z_loss = torch_route(x @ gate.t(), config, expert_bias, chosen_ids)
+    order = torch.argsort(ids.reshape(-1), stable=True)
+    tokens = order // config.topk
+    h = experts(x.index_select(0, tokens), w_gate_up, counts)
+    gate_half, up = h.chunk(2, dim=-1)
+    y = experts(torch.nn.functional.silu(gate_half) * up, w_down, counts)
+    weighted = y * probs.reshape(-1)[order].to(y.dtype)[:, None]
+    return torch.zeros_like(x).index_add(0, tokens, weighted), aux_loss, z_loss
 
 
 def torch_permute_rows(ids: torch.Tensor, num_experts: int, pad_to: int
