@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 17, one device call (8 minutes at most, about 5 expected, on an H100): the GPU tests of the router (DeepSeek-V3
-# at 4096 and 32k tokens against float64, CUDA-graph replay) and of MoEMLP (a whole training step under
-# CUDA-graph replay equals eager, bf16 and FP8); the router against torch (benchmarks/moe_ops.py --ops
-# router, CUDA events and graph replay: >= 5x wanted forward + backward); the layer against a torch layer of
-# torch._grouped_mm calls (benchmarks/moe_layer.py: >= 1.25x on DeepSeek-V3 and Qwen3-235B, >= 2x on
-# SonicMoE, FP8 >= 1.3x our bf16); the harness bench (every check, GB/s, the torch baselines) of
-# moe_router on DeepSeek-V3 and of moe_permute / moe_unpermute on Qwen3-30B-A3B. Each step has its own time
-# limit and a failing step does not stop the next. Logs and CSVs land in $OUT/results.tgz; each step's tail
-# is printed. The tests and the harness need pydantic and gitpython, which the device image lacks: carry
-# .whl (README's wheels):
+# Issue 17, one device call (the steps' limits add up to 490 s; not yet run on a GPU): the GPU tests of the
+# router (DeepSeek-V3 at 4096 and 32k tokens against float64, CUDA-graph replay) and of MoEMLP (a whole
+# training step under CUDA-graph replay equals eager, bf16 and FP8); the router against torch
+# (benchmarks/moe_ops.py --ops router, CUDA events and graph replay: >= 5x wanted forward + backward); the
+# layer against a torch layer of torch._grouped_mm calls (benchmarks/moe_layer.py: >= 1.25x on DeepSeek-V3
+# and Qwen3-235B, >= 2x on SonicMoE, FP8 >= 1.3x our bf16); the harness bench (every check, GB/s, the torch
+# baselines) of moe_router on DeepSeek-V3 and of moe_permute / moe_unpermute on Qwen3-30B-A3B. Each step
+# has its own time limit and a failing step does not stop the next. Logs and CSVs land in
+# $OUT/results.tgz; each step's tail is printed. The tests and the harness need pydantic and gitpython,
+# which the device image lacks: carry .whl (README's wheels):
 #   run(command="bash scripts/gpu_moe_layer.sh", carry=[".whl"], timeout_s=540)
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
