@@ -10,7 +10,7 @@ import yaml
 
 from agent.manifest import Manifest
 from harness.files import REPO_ROOT
-from harness.quick_test_bench import run_bench, write_bench
+from harness.quick_test_bench import check_probe, prepare_bench, run_bench, write_bench
 from harness.registry import get_spec, op_names
 from harness.schema import (
     MOE_PERMUTE_HEADER,
@@ -80,3 +80,14 @@ def test_campaign_preset_for_the_permute_ops_validates():
     manifest = Manifest.model_validate(yaml.safe_load(text))
     assert manifest.op == "moe_permute" and manifest.files == ["kernels/moe/permute.py"]
     assert load_shapes("moe_tokens", manifest.shapes)
+
+
+@pytest.mark.parametrize("op", MOE_OPS)
+def test_unannounced_probe_shapes_pass(op):
+    """The ragged probes a campaign draws for the MoE families (odd sizes, one token, groups, paddings)."""
+    spec = get_spec(op)
+    run = prepare_bench(spec, load_shapes(spec.shape_family, "smoke")[:1], shapes_source="smoke", repeats=1,
+                        warmup=0, probe_seed=11)
+    assert len(run.probes) == 3 and run.probes[-1].dims["T"] == 1
+    assert {probe.label: check_probe(run, probe) for probe in run.probes} == dict.fromkeys(
+        (probe.label for probe in run.probes), None)
