@@ -7,7 +7,7 @@ import torch
 
 from harness.snr import snr_db, snr_threshold
 from kernels.common.dtypes import dtype_name
-from kernels.common.fp8 import Float8Config
+from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_both
 from kernels.moe import MoEMLP, RouterConfig, swiglu
 from kernels.moe.reference import torch_moe_mlp
 from tests.graph_replay import replay_and_eager
@@ -56,6 +56,40 @@ def test_forward_and_gradients_match_a_float64_layer(case, device, half_dtype):
     grads = (x.grad, layer.gate.grad, layer.w_gate_up.grad, layer.w_down.grad)
     for got, (name, want) in zip(grads, zip(("x", "gate", "w_gate_up", "w_down"), params64, strict=True), strict=True):
         assert snr_db(got, want.grad) >= floor, name
+
+
+@pytest.mark.parametrize("granularity", list(Granularity))
+def test_quantizing_a_swiglu_input_equals_quantizing_its_output(granularity, device, half_dtype):
+    """quantize_both(h, glu=True), the FP8 path's fused SwiGLU, writes the same bytes and scales as
+    quantize_both of silu(gate) * up computed in fp32, in both layouts, over token groups with an empty one."""
+    h = torch.randn(150, 2 * 40, dtype=half_dtype, device=device)
+    offs = torch.tensor([0, 30, 30, 101, 150], device=device)
+    gate, up = h.float().chunk(2, dim=-1)
+    fused = quantize_both(h, torch.float8_e4m3fn, granularity, RowGroups.tokens(offs), glu=True)
+    plain = quantize_both((torch.nn.functional.silu(gate) * up).contiguous(), torch.float8_e4m3fn, granularity,
+                          RowGroups.tokens(offs))
+    for (q, scale), (q_plain, scale_plain) in ((fused.rows, plain.rows), (fused.cols_t, plain.cols_t)):
+        assert torch.equal(q.view(torch.uint8), q_plain.view(torch.uint8))
+        assert torch.allclose(scale, scale_plain, rtol=1e-6, atol=0)
+
+
+def test_fp8_layer_matches_a_float64_layer(device, half_dtype):
+    """The FP8 experts (SwiGLU fused into the Down GEMM's quantization): forward and gradients by SNR at
+    the FP8 formats' floors, two E4M3 GEMMs in a row."""
+    router, T, H, inter = CASES["softmax-top2"]
+    torch.manual_seed(0)
+    layer = MoEMLP(H, inter, router, fp8=Float8Config(), dtype=half_dtype, device=device)
+    x = torch.randn(T, H, dtype=half_dtype, device=device, requires_grad=True)
+    grad_out = torch.randn_like(x)
+    out, routing = layer(x)
+    (out * grad_out).sum().backward()
+    params64 = [p.detach().double().requires_grad_() for p in (x, layer.gate, layer.w_gate_up, layer.w_down)]
+    ref, _, _ = torch_moe_mlp(*params64, router, None, routing.expert_ids, loop_experts)
+    (ref * grad_out.double()).sum().backward()
+    floor = snr_threshold("e4m3") - 5  # two quantized GEMMs in a row, each at the e4m3 floor or above
+    snrs = [snr_db(out, ref), *(snr_db(p.grad, p64.grad) for p, p64 in
+                                zip((x, layer.gate, layer.w_gate_up, layer.w_down), params64, strict=True))]
+    assert min(snrs) >= floor, snrs
 
 
 def test_swiglu_forward_and_backward(device, half_dtype):

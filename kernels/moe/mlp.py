@@ -7,10 +7,13 @@
 
 The chain: the gate (x @ gate.T, torch) -> route (kernels/moe/router.py) -> permute (tokens sorted by
 expert) -> GateUP grouped GEMM [E, 2I, H] -> SwiGLU (`_swiglu_*_kernel` below: silu(gate) * up, its
-backward recomputing silu from the saved GateUP output) -> Down grouped GEMM [E, H, I] -> unpermute
-(the top-k rows of each token combined by its routing probabilities). Every step is an autograd Function
-whose backward the chain calls in reverse; nothing reads the routing on the host (CUDA-graph safe).
-Activation memory: the GateUP output and the SwiGLU output (the Down GEMM's input), as a torch layer keeps.
+backward recomputing silu from the saved GateUP output) -> Down grouped GEMM [E, H, I] -> unpermute (the
+top-k rows of each token combined by its routing probabilities). On the FP8 path the SwiGLU is computed
+inside the quantization of the Down GEMM's input (`_SwiGLUDownFp8`): its output is never written. Every
+step is an autograd Function whose backward the chain calls in reverse; nothing reads the routing on the
+host (CUDA-graph safe). Activation memory: the GateUP output and the SwiGLU output (the Down GEMM's
+input), as a torch layer keeps; on the FP8 path the GateUP output and the Down input's FP8 layout for its
+wgrad.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import nn
 from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config
 from kernels.grouped_gemm import grouped_gemm
-from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
+from kernels.grouped_gemm_fp8 import fp8_backward, fp8_forward, grouped_gemm_fp8
 from kernels.moe.permute import permute, unpermute
 from kernels.moe.router import RouterConfig, Routing, route
 
@@ -68,6 +71,16 @@ def _swiglu_grid(R: int, I: int) -> tuple[int, int]:
     return cdiv(R, SWIGLU_ROWS), cdiv(I, SWIGLU_BLOCK_I)
 
 
+def swiglu_backward(h: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """grad_h [R, 2I] of swiglu(h) for its output's gradient grad_out [R, I]."""
+    R, I = h.shape[0], h.shape[1] // 2
+    grad_h = torch.empty_like(h)
+    if R:
+        _swiglu_bwd_kernel[_swiglu_grid(R, I)](h, grad_out.contiguous(), grad_h, R, I, ROWS=SWIGLU_ROWS,
+                                               BLOCK_I=SWIGLU_BLOCK_I, num_warps=SWIGLU_WARPS)
+    return grad_h
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h):
@@ -82,12 +95,33 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (h,) = ctx.saved_tensors
-        R, I = h.shape[0], h.shape[1] // 2
-        grad_h = torch.empty_like(h)
-        if R:
-            _swiglu_bwd_kernel[_swiglu_grid(R, I)](h, grad_out.contiguous(), grad_h, R, I, ROWS=SWIGLU_ROWS,
-                                                   BLOCK_I=SWIGLU_BLOCK_I, num_warps=SWIGLU_WARPS)
-        return grad_h
+        return swiglu_backward(h, grad_out)
+
+
+class _SwiGLUDownFp8(torch.autograd.Function):
+    """The Down GEMM in FP8 on swiglu(h): the SwiGLU is computed in the quantization of the GEMM's input
+    (quantize_both's glu, both layouts: the forward's rows and the wgrad's transposed groups), so its bf16
+    output is neither written nor read back; the backward's dgrad gives the SwiGLU output's gradient, which
+    swiglu_backward takes to h's."""
+
+    @staticmethod
+    def forward(ctx, h, w, offs, config):
+        out = h.new_empty((h.shape[0], w.shape[1]))
+        ctx.saved = fp8_forward(h, w, offs, True, config, out, needs=ctx.needs_input_grad[:2], a_glu=True)
+        ctx.save_for_backward(h, offs)
+        ctx.config, ctx.w_shape = config, w.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, offs = ctx.saved_tensors
+        grad_out = grad_out.to(h.dtype).contiguous()
+        need_h, need_w = ctx.needs_input_grad[:2]
+        grad_a = h.new_empty((h.shape[0], h.shape[1] // 2)) if need_h else None
+        grad_w = h.new_empty(ctx.w_shape) if need_w else None
+        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w)
+        ctx.saved = None
+        return swiglu_backward(h, grad_a) if need_h else None, grad_w, None, None
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -126,11 +160,6 @@ class MoEMLP(nn.Module):
         self.w_down = nn.Parameter(torch.randn(E, hidden, intermediate, **factory) * intermediate**-0.5)
         self.register_buffer("expert_bias", torch.zeros(E, device=device) if expert_bias else None)
 
-    def _experts(self, x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
-                 group_offs: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is None:
-            return grouped_gemm(x, w, group_lens, group_offs)
-        return grouped_gemm_fp8(x, w, group_lens, group_offs, config=self.fp8)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
         """x [T, hidden] in the parameters' dtype -> (out [T, hidden], the routing with its losses)."""
@@ -140,6 +169,10 @@ class MoEMLP(nn.Module):
             raise ValueError(f"MoEMLP: x is {x.dtype} but the parameters are {self.gate.dtype}")
         routing = route(x @ self.gate.t(), self.router, self.expert_bias)
         p = permute(x, routing.expert_ids, num_experts=self.router.num_experts)
-        h = self._experts(p.permuted, self.w_gate_up, p.group_lens, p.group_offs)
-        y = self._experts(swiglu(h), self.w_down, p.group_lens, p.group_offs)
+        if self.fp8 is None:
+            h = grouped_gemm(p.permuted, self.w_gate_up, p.group_lens, p.group_offs)
+            y = grouped_gemm(swiglu(h), self.w_down, p.group_lens, p.group_offs)
+        else:
+            h = grouped_gemm_fp8(p.permuted, self.w_gate_up, p.group_lens, p.group_offs, config=self.fp8)
+            y = _SwiGLUDownFp8.apply(h, self.w_down, p.group_offs, self.fp8)
         return unpermute(y, p.row_map, routing.probs), routing
