@@ -16,6 +16,7 @@ inputs in place, which it does for floating tensors only) from the float64 torch
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -290,16 +291,27 @@ def _config_of(inputs: Tensors) -> RouterConfig:
                         renormalize=True, scaling_factor=SIGMOID_SCALING if sigmoid else 1.0)
 
 
+def distinct_logits(scores: torch.Tensor) -> torch.Tensor:
+    """Logits in the order of scores [T, E] with no two alike in a row: each row's ranks times a power of
+    two, exact in bf16 (integers up to 256 are) and spread over about [-4, 4]. Random bf16 logits tie
+    often (about one token in eight at the top-8 boundary of 128 experts), and which of two equal experts
+    a router takes is its own choice, not something to check against a reference."""
+    E = scores.shape[1]
+    ranks = scores.argsort(dim=1).argsort(dim=1).to(torch.float32)
+    return (ranks - E // 2) * 2.0 ** math.floor(math.log2(8 / E))
+
+
 def router_inputs(problem: Problem) -> Tensors:
-    """Skewed logits [T, E] (an eighth of the experts favoured, a sixteenth far behind), the bias (sigmoid
-    only), the gradients of the probabilities and of both losses, and the float64 router's choice."""
+    """Skewed logits [T, E] (an eighth of the experts ahead in most tokens, a sixteenth behind all others),
+    tie-free; the bias (sigmoid only), the gradients of the probabilities and of both losses, and the float64
+    router's choice."""
     d, g = problem.dims, _generator(problem)
     T, E = d["T"], d["E"]
-    logits = torch.randn(T, E, generator=g, device=problem.device)
-    logits[:, : max(1, E // 8)] += 1.0
-    logits[:, E - min(E // 16, E - d["topk"]):] -= 8.0
+    scores = torch.randn(T, E, generator=g, device=problem.device)
+    scores[:, : max(1, E // 8)] += 1.0
+    scores[:, E - min(E // 16, E - d["topk"]):] -= 8.0
     config = router_config(problem)
-    inputs = {"logits": logits.to(problem.dtype),
+    inputs = {"logits": distinct_logits(scores).to(problem.dtype),
               "config": torch.tensor([E, d["topk"], d["sigmoid"], d["n_group"], d["topk_group"]])}
     if d["sigmoid"]:
         inputs["expert_bias"] = 0.05 * torch.randn(E, generator=g, device=problem.device)
