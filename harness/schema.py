@@ -155,8 +155,15 @@ MOE_ROUTER = register_schema(CsvSchema(
     "moe_router", ("T", "E", "topk", "n_group", "topk_group", "sigmoid"), GBPS,
     ("probs", "aux_loss", "z_loss", "dlogits"), dim_defaults={"n_group": 1, "topk_group": 1, "sigmoid": 0},
 ))
+# The layer's experts (moe_mlp): TFLOPS of the expert GEMMs; I the expert intermediate size.
+MOE_MLP_HEADER = (
+    "label,T,H,I,E,topk,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,Backward TFLOPS_stddev,"
+    "Forward Time (ms),Backward Time (ms),out_snr,dx_snr,dprobs_snr,dw_gate_up_snr,dw_down_snr"
+)
+MOE_MLP = register_schema(CsvSchema("moe_mlp", ("T", "H", "I", "E", "topk"), TFLOPS,
+                                    ("out", "dx", "dprobs", "dw_gate_up", "dw_down")))
 for _schema, _header in ((MOE_PERMUTE, MOE_PERMUTE_HEADER), (MOE_UNPERMUTE, MOE_UNPERMUTE_HEADER),
-                         (MOE_ROUTER, MOE_ROUTER_HEADER)):
+                         (MOE_ROUTER, MOE_ROUTER_HEADER), (MOE_MLP, MOE_MLP_HEADER)):
     if _schema.header != _header:
         raise RuntimeError(f"harness.schema: the {_schema.name} schema no longer produces the frozen header")
 

@@ -367,6 +367,31 @@ def moe_router_preset(model: str) -> list[Shape]:
             for tokens in MOE_LAYER_TOKENS]
 
 
+# Experts an EP rank holds in the moe_mlp presets (a float64 reference of all 256 of DeepSeek-V3's would
+# not fit): the global count over 8 ranks; SonicMoE's configuration as published (128).
+MLP_LOCAL_EXPERTS: dict[str, int] = {"deepseek-v3": 32, "qwen3-235b": 16, "qwen3-30b": 16, "gpt-oss-120b": 16,
+                                     "sonicmoe": 128}
+
+
+def moe_mlp_preset(model: str) -> list[Shape]:
+    """The layer's experts of a model on one EP rank, 4096 tokens (SonicMoE: 32k, its paper's), skewed."""
+    spec = MOE_LAYER_MODELS[model]
+    tokens = (32768,) if model == "sonicmoe" else (4096,)
+    return [Shape(label=f"{model}/e{MLP_LOCAL_EXPERTS[model]}/t{t}/skewed",
+                  dims={"T": t, "H": spec.hidden, "I": spec.expert_intermediate, "E": MLP_LOCAL_EXPERTS[model],
+                        "topk": spec.top_k})
+            for t in tokens]
+
+
+def moe_mlp_smoke() -> list[Shape]:
+    """Small layers for the CPU interpreter: odd sizes, top-1 and top-4, one token."""
+    return [
+        Shape(label="smoke/t37-h48-i40-e6-top2", dims={"T": 37, "H": 48, "I": 40, "E": 6, "topk": 2}),
+        Shape(label="smoke/t1-h32-i24-e8-top4", dims={"T": 1, "H": 32, "I": 24, "E": 8, "topk": 4}),
+        Shape(label="smoke/t29-h16-i8-e3-top1", dims={"T": 29, "H": 16, "I": 8, "E": 3, "topk": 1}),
+    ]
+
+
 def moe_token_smoke() -> list[Shape]:
     """Small permute / unpermute problems for the CPU interpreter: one token, top-1, top-8, padding, odd H."""
     def dims(T: int, H: int, E: int, topk: int, pad_to: int) -> dict[str, int]:
@@ -417,6 +442,10 @@ PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
     "moe_router": {
         "smoke": moe_router_smoke,
         **{name: (lambda name=name: moe_router_preset(name)) for name in MOE_LAYER_MODELS},
+    },
+    "moe_mlp": {
+        "smoke": moe_mlp_smoke,
+        **{name: (lambda name=name: moe_mlp_preset(name)) for name in MOE_LAYER_MODELS},
     },
 }
 

@@ -5,7 +5,8 @@
 # (benchmarks/moe_ops.py --ops router, CUDA events and graph replay: >= 5x wanted forward + backward); the
 # layer against a torch layer of torch._grouped_mm calls (benchmarks/moe_layer.py: >= 1.25x on DeepSeek-V3
 # and Qwen3-235B, >= 2x on SonicMoE, FP8 >= 1.3x our bf16); the harness bench (every check, GB/s, the torch
-# baselines) of moe_router on DeepSeek-V3 and of moe_permute / moe_unpermute on Qwen3-30B-A3B. Each step
+# baselines) of moe_router on DeepSeek-V3, moe_permute on Qwen3-30B-A3B and moe_mlp (the experts, TFLOPS)
+# on DeepSeek-V3's 32 local experts at 4096 tokens. Each step
 # has its own time limit and a failing step does not stop the next. Logs and CSVs land in
 # $OUT/results.tgz; each step's tail is printed. The tests and the harness need pydantic and gitpython,
 # which the device image lacks: carry .whl (README's wheels):
@@ -26,4 +27,4 @@ step bench-router-graph 40 python3 benchmarks/moe_ops.py --ops router --mode cud
 step bench-layer 110 python3 benchmarks/moe_layer.py --csv "$WORK/moe_layer.csv"
 harness_bench moe_router 60 deepseek-v3
 harness_bench moe_permute 60 qwen3-30b
-harness_bench moe_unpermute 60 qwen3-30b
+harness_bench moe_mlp 60 deepseek-v3

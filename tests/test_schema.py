@@ -34,6 +34,9 @@ FROZEN_MOE = {
                   "Backward GB/s_stddev,Forward Time (ms),Backward Time (ms),probs_snr,aux_loss_snr,z_loss_snr,"
                   "dlogits_snr",
 }
+FROZEN_MOE_MLP = ("label,T,H,I,E,topk,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,"
+                  "Backward TFLOPS_stddev,Forward Time (ms),Backward Time (ms),out_snr,dx_snr,dprobs_snr,"
+                  "dw_gate_up_snr,dw_down_snr")
 
 
 def test_moe_headers_are_frozen_byte_for_byte_and_count_bytes():
@@ -41,6 +44,7 @@ def test_moe_headers_are_frozen_byte_for_byte_and_count_bytes():
         schema = get_schema(name)
         assert schema.header == header and schema.counts_bytes and schema.unit == 1e9
     assert not GEMM.counts_bytes and GEMM.unit == 1e12
+    assert get_schema("moe_mlp").header == FROZEN_MOE_MLP and not get_schema("moe_mlp").counts_bytes
     with pytest.raises(ValueError, match="metric must be one of TFLOPS, GB/s"):
         CsvSchema("bad", ("T",), "GiB/s", ("out",))
 

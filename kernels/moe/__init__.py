@@ -13,9 +13,10 @@
 Routing stays on the device: nothing reads the tokens per expert on the host (CUDA-graph safe).
 """
 
-from kernels.moe.mlp import MoEMLP, swiglu
+from kernels.moe.experts import moe_experts, swiglu
+from kernels.moe.mlp import MoEMLP
 from kernels.moe.permute import Permuted, RowMap, capacity_for, permute, unpermute
 from kernels.moe.router import RouterConfig, Routing, route
 
-__all__ = ["MoEMLP", "Permuted", "RouterConfig", "Routing", "RowMap", "capacity_for", "permute", "route", "swiglu",
-           "unpermute"]
+__all__ = ["MoEMLP", "Permuted", "RouterConfig", "Routing", "RowMap", "capacity_for", "moe_experts", "permute", "route",
+           "swiglu", "unpermute"]

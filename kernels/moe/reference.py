@@ -54,21 +54,35 @@ def grouped_mm_experts(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -
     return torch._grouped_mm(x, w.transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
 
 
-def torch_moe_mlp(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                  config: RouterConfig, expert_bias: torch.Tensor | None = None,
-                  chosen_ids: torch.Tensor | None = None, experts: ExpertMatmul = grouped_mm_experts,
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, aux_loss, z_loss) of kernels.moe.MoEMLP in torch: torch_route, a stable argsort and
-    index_select, `experts` for GateUP and Down (torch._grouped_mm; a loop for float64), silu * up, the
-    probabilities' weighted index_add_."""
-    probs, ids, counts, aux_loss, z_loss = torch_route(x @ gate.t(), config, expert_bias, chosen_ids)
-    order = torch.argsort(ids.reshape(-1), stable=True)
-    tokens = order // config.topk
+def torch_moe_experts(x: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor, w_gate_up: torch.Tensor,
+                      w_down: torch.Tensor, experts: ExpertMatmul = grouped_mm_experts) -> torch.Tensor:
+    """kernels.moe.moe_experts in torch: a stable argsort and index_select, `experts` for GateUP and Down
+    (torch._grouped_mm; a loop for float64), silu * up, the probabilities' weighted index_add_."""
+    flat = ids.reshape(-1)
+    counts = torch.zeros(w_gate_up.shape[0], dtype=torch.int64, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat))
+    order = torch.argsort(flat, stable=True)
+    tokens = order // ids.shape[1]
     h = experts(x.index_select(0, tokens), w_gate_up, counts)
     gate_half, up = h.chunk(2, dim=-1)
     y = experts(torch.nn.functional.silu(gate_half) * up, w_down, counts)
     weighted = y * probs.reshape(-1)[order].to(y.dtype)[:, None]
-    return torch.zeros_like(x).index_add(0, tokens, weighted), aux_loss, z_loss
+    return torch.zeros_like(x).index_add(0, tokens, weighted)
+
+
+def torch_moe_mlp(x: torch.Tensor, gate: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                  config: RouterConfig, expert_bias: torch.Tensor | None = None,
+                  chosen_ids: torch.Tensor | None = None, experts: ExpertMatmul = grouped_mm_experts,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, aux_loss, z_loss) of kernels.moe.MoEMLP in torch: torch_route, then torch_moe_experts."""
+    probs, ids, _, aux_loss, z_loss = torch_route(x @ gate.t(), config, expert_bias, chosen_ids)
+    return torch_moe_experts(x, ids, probs, w_gate_up, w_down, experts), aux_loss, z_loss
+
+
+def loop_experts(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of x sorted by expert times each expert's w[e]^T, one matmul per expert (any dtype and device,
+    float64 included): the group sizes read on the host."""
+    return torch.cat([rows @ w[e].t() for e, rows in enumerate(x.split(counts.tolist()))])
 
 
 def torch_permute_rows(ids: torch.Tensor, num_experts: int, pad_to: int

@@ -1,9 +1,11 @@
-"""The OpSpecs of the memory-bound MoE ops: permute, unpermute and the router, each timed in GB/s.
+"""The OpSpecs of the MoE ops: permute, unpermute and the router (memory-bound, timed in GB/s) and the
+layer's experts (moe_mlp: kernels/moe/experts.py's moe_experts for a given routing, in TFLOPS of the expert
+GEMMs).
 
 The registry finds an op by its package (`kernels/<op>/spec.py` defining SPEC): the thin packages
-kernels/moe_permute, kernels/moe_unpermute and kernels/moe_router each take theirs from here, and their
-mutable files are this package's sources. This module is named `specs`, not `spec`, so that kernels/moe
-itself is no op.
+kernels/moe_permute, kernels/moe_unpermute, kernels/moe_router and kernels/moe_mlp each take theirs from
+here, and their mutable files are this package's sources. This module is named `specs`, not `spec`, so
+that kernels/moe itself is no op.
 
 Routing in every problem is skewed: the first eighth of the experts draw a head start and the last
 sixteenth are never chosen (empty experts), seeded by the problem.
@@ -16,6 +18,7 @@ inputs in place, which it does for floating tensors only) from the float64 torch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -23,8 +26,10 @@ import torch
 
 from kernels.common.dtypes import dtype_name
 from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
+from kernels.grouped_gemm import grouped_dgrad, grouped_forward, grouped_wgrad
+from kernels.moe.experts import moe_experts, swiglu_backward, swiglu_forward
 from kernels.moe.permute import RowMap, capacity_for, gather_rows, permute, route_and_scatter, scatter_rows, unpermute
-from kernels.moe.reference import torch_permute_rows, torch_route
+from kernels.moe.reference import grouped_mm_experts, loop_experts, torch_moe_experts, torch_permute_rows, torch_route
 from kernels.moe.router import RouterConfig, route, router_backward, router_forward
 
 # DeepSeek-V3's routed_scaling_factor, for the sigmoid problems (the softmax models scale by 1).
@@ -425,4 +430,150 @@ ROUTER = OpSpec(
     baselines=(Runner("torch topk", _torch_router_forward, _torch_router_backward),),
     default_preset="deepseek-v3",
     train_step=router_train_step,
+)
+
+
+# --- the layer's experts (moe_mlp) ---------------------------------------------------------------------
+# The routing is an input (skewed, as above): the router is checked on its own (moe_router), and a layer
+# that routed here would pick other experts than a float64 reference wherever two bf16 logits tie.
+
+
+def mlp_inputs(problem: Problem) -> Tensors:
+    """x [T, H], a skewed routing (ids, probs, its row map), the weight stacks [E, 2I, H] and [E, H, I], the
+    output's gradient."""
+    d = problem.dims
+    H, I, E = d["H"], d["I"], d["E"]
+
+    def extra(g: torch.Generator, capacity: int) -> Tensors:
+        return {"x": _randn(problem, g, d["T"], H), "grad_out": _randn(problem, g, d["T"], H),
+                "w_gate_up": (torch.randn(E, 2 * I, H, generator=g, device=problem.device) * H**-0.5).to(
+                    problem.dtype),
+                "w_down": (torch.randn(E, H, I, generator=g, device=problem.device) * I**-0.5).to(problem.dtype)}
+
+    return _token_inputs(dataclasses.replace(problem, dims={**d, "pad_to": 1}), extra)
+
+
+def mlp_outputs(problem: Problem, inputs: Tensors) -> Tensors:
+    """The checked outputs and the activations the backward reads (permuted, h, a, y) with its own scratch."""
+    rows = inputs["rows"].numel()
+    x = inputs["x"]
+    H, I2 = x.shape[1], inputs["w_gate_up"].shape[1]
+
+    def empty(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+    return {"out": torch.empty_like(x), "dx": torch.empty_like(x), "dprobs": torch.empty_like(inputs["probs"]),
+            "dw_gate_up": torch.empty_like(inputs["w_gate_up"]), "dw_down": torch.empty_like(inputs["w_down"]),
+            "permuted": empty(rows, H), "h": empty(rows, I2), "a": empty(rows, I2 // 2), "y": empty(rows, H),
+            "grad_y": empty(rows, H), "grad_a": empty(rows, I2 // 2), "grad_h": empty(rows, I2),
+            "grad_permuted": empty(rows, H)}
+
+
+MLP_LEAVES = ("x", "probs", "w_gate_up", "w_down")
+MLP_GRADS = ("dx", "dprobs", "dw_gate_up", "dw_down")
+
+
+def mlp_reference(inputs: Tensors) -> Tensors:
+    """float64 autograd of torch_moe_experts with one matmul per expert."""
+    leaves = [inputs[n].double().requires_grad_() for n in MLP_LEAVES]
+    x, probs, w_gate_up, w_down = leaves
+    out = torch_moe_experts(x, inputs["ids"], probs, w_gate_up, w_down, loop_experts)
+    grads = torch.autograd.grad(out, leaves, inputs["grad_out"].double())
+    return {"out": out.detach(), **dict(zip(MLP_GRADS, grads, strict=True))}
+
+
+def mlp_flops(problem: Problem) -> tuple[float, float]:
+    """The expert GEMMs, as SonicMoE counts them: 6 * T * topk * H * I forward (GateUP 2I wide, Down),
+    twice that backward (dgrad and wgrad of each)."""
+    d = problem.dims
+    fwd = 6.0 * d["T"] * d["topk"] * d["H"] * d["I"]
+    return fwd, 2 * fwd
+
+
+def mlp_bytes(problem: Problem) -> tuple[float, float]:
+    """Forward: the weights read once, each pair's activations (permuted H, h 2I, a I, y H) written and read
+    once; backward about twice that, and the weights' gradients written."""
+    d = problem.dims
+    size = torch.tensor([], dtype=problem.dtype).element_size()
+    weights = 3 * d["E"] * d["H"] * d["I"] * size
+    activations = 2 * d["T"] * d["topk"] * (2 * d["H"] + 3 * d["I"]) * size
+    return float(weights + activations), float(3 * weights + 2 * activations)
+
+
+def mlp_formats(problem: Problem) -> dict[str, str]:
+    return dict.fromkeys(("out", *MLP_GRADS), dtype_name(problem.dtype))
+
+
+def _mlp_row_map(problem: Problem, inputs: Tensors) -> RowMap:
+    return _row_map(dataclasses.replace(problem, dims={**problem.dims, "pad_to": 1}), inputs)
+
+
+def _mlp_forward(problem: Problem, inputs: Tensors, o: Tensors) -> None:
+    offs = inputs["group_offs"]
+    route_and_scatter(inputs["x"], inputs["ids"], None, problem.dims["E"], 1, o["permuted"], None)
+    grouped_forward(o["permuted"], inputs["w_gate_up"], offs, True, o["h"])
+    swiglu_forward(o["h"], o["a"])
+    grouped_forward(o["a"], inputs["w_down"], offs, True, o["y"])
+    gather_rows(o["y"], inputs["rows"], inputs["probs"], o["out"])
+
+
+def _mlp_backward(problem: Problem, inputs: Tensors, o: Tensors) -> None:
+    offs = inputs["group_offs"]
+    scatter_rows(inputs["grad_out"], _mlp_row_map(problem, inputs), inputs["probs"], o["grad_y"], o["y"], o["dprobs"])
+    grouped_dgrad(o["grad_y"], inputs["w_down"], offs, True, o["grad_a"])
+    grouped_wgrad(o["grad_y"], o["a"], offs, True, o["dw_down"])
+    swiglu_backward(o["h"], o["grad_a"], o["grad_h"])
+    grouped_dgrad(o["grad_h"], inputs["w_gate_up"], offs, True, o["grad_permuted"])
+    grouped_wgrad(o["grad_h"], o["permuted"], offs, True, o["dw_gate_up"])
+    gather_rows(o["grad_permuted"], inputs["rows"], None, o["dx"])
+
+
+def mlp_train_step(problem: Problem, inputs: Tensors) -> Tensors:
+    leaves = [inputs[n].detach().clone().requires_grad_() for n in MLP_LEAVES]
+    x, probs, w_gate_up, w_down = leaves
+    out = moe_experts(x, inputs["ids"], probs, w_gate_up, w_down)
+    (out * inputs["grad_out"]).sum().backward()
+    return {"out": out.detach(), **{name: leaf.grad for name, leaf in zip(MLP_GRADS, leaves, strict=True)}}
+
+
+# The torch layer's graph of its last forward (one slot, as the router's baseline keeps).
+_TORCH_MLP_GRAPH: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+
+
+def _torch_mlp_forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> Tensors:
+    """torch_moe_experts with torch._grouped_mm (a loop over the experts off the GPU)."""
+    leaves = [inputs[n].detach().requires_grad_() for n in MLP_LEAVES]
+    x, probs, w_gate_up, w_down = leaves
+    experts = grouped_mm_experts if x.is_cuda else loop_experts
+    out = torch_moe_experts(x, inputs["ids"], probs, w_gate_up, w_down, experts)
+    _TORCH_MLP_GRAPH["torch"] = (out, leaves)
+    return {"out": out.detach()}
+
+
+def _torch_mlp_backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> Tensors:
+    out, leaves = _TORCH_MLP_GRAPH["torch"]
+    grads = torch.autograd.grad(out, leaves, inputs["grad_out"], retain_graph=True)
+    return dict(zip(MLP_GRADS, grads, strict=True))
+
+
+MLP = OpSpec(
+    name="moe_mlp",
+    description="MoE layer experts for a given routing: permute -> GateUP grouped GEMM -> SwiGLU -> Down grouped "
+                "GEMM -> unpermute, forward and backward (TFLOPS of the expert GEMMs)",
+    mutable_files=("kernels/moe/experts.py", "kernels/moe/permute.py"),
+    schema="moe_mlp",
+    shape_family="moe_mlp",
+    dtypes=("bf16", "fp16"),
+    forward_outputs=("out",),
+    backward_outputs=MLP_GRADS,
+    make_inputs=mlp_inputs,
+    make_outputs=mlp_outputs,
+    reference=mlp_reference,
+    flops=mlp_flops,
+    bytes_moved=mlp_bytes,
+    snr_formats=mlp_formats,
+    runner=Runner("turbo-opt", _mlp_forward, _mlp_backward),
+    baselines=(Runner("torch._grouped_mm layer", _torch_mlp_forward, _torch_mlp_backward),),
+    default_preset="sonicmoe",
+    train_step=mlp_train_step,
 )
