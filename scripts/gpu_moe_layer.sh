@@ -6,10 +6,9 @@
 # layer against a torch layer of torch._grouped_mm calls (benchmarks/moe_layer.py: >= 1.25x on DeepSeek-V3
 # and Qwen3-235B, >= 2x on SonicMoE, FP8 >= 1.3x our bf16); the harness bench (every check, GB/s, the torch
 # baselines) of moe_router on DeepSeek-V3, moe_permute on Qwen3-30B-A3B and moe_mlp (the experts, TFLOPS)
-# on DeepSeek-V3's 32 local experts at 4096 tokens. Each step
-# has its own time limit and a failing step does not stop the next. Logs and CSVs land in
-# $OUT/results.tgz; each step's tail is printed. The tests and the harness need pydantic and gitpython,
-# which the device image lacks: carry .whl (README's wheels):
+# on DeepSeek-V3's 32 local experts at 4096 tokens. Each step has its own time limit and a failing step
+# does not stop the next. Logs and CSVs land in $OUT/results.tgz; each step's tail is printed. The tests
+# and the harness need pydantic and gitpython, which the device image lacks: carry .whl (README's wheels):
 #   run(command="bash scripts/gpu_moe_layer.sh", carry=[".whl"], timeout_s=540)
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
