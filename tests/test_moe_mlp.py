@@ -9,7 +9,7 @@ import torch
 from harness.snr import snr_db, snr_threshold
 from kernels.common.dtypes import dtype_name
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_both
-from kernels.moe import MoEMLP, RouterConfig, swiglu
+from kernels.moe import MoEMLP, RouterConfig, moe_experts, swiglu
 from kernels.moe.reference import loop_experts, torch_moe_mlp
 from tests.graph_replay import replay_and_eager
 
@@ -103,6 +103,8 @@ def test_swiglu_forward_and_backward(device, half_dtype):
 
 def test_bad_inputs_raise_one_line_value_errors(device):
     layer = MoEMLP(16, 8, RouterConfig(4, 2), dtype=torch.float16, device=device)
+    x = torch.randn(5, 16, dtype=torch.float16, device=device)
+    ids, probs = torch.zeros(5, 2, dtype=torch.int64, device=device), torch.rand(5, 2, device=device)
     cases = [
         (lambda: layer(torch.randn(5, 12, dtype=torch.float16, device=device)), r"x must be \[T, hidden=16\]"),
         (lambda: layer(torch.randn(5, 16, device=device)), "x is torch.float32 but the parameters are torch.float16"),
@@ -110,6 +112,9 @@ def test_bad_inputs_raise_one_line_value_errors(device):
         (lambda: MoEMLP(16, 8, RouterConfig(4, 2), fp8="e4m3"), "fp8 must be a Float8Config"),
         (lambda: MoEMLP(0, 8, RouterConfig(4, 2)), "must be positive"),
         (lambda: swiglu(torch.randn(3, 5)), r"h must be \[rows, 2 \* I\]"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up[:, :15], layer.w_down), r"w_gate_up must be \[E, 2I, H\]"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down[:, :, :4]),
+         r"w_down must be \[E, H, I\] = \[4, 16, 8\]"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match) as err:
