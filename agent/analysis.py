@@ -79,8 +79,10 @@ def analyze(
         flops, nbytes = spec.flops(problem)[0], spec.bytes_moved(problem)[0]
         intensity = flops / nbytes
         roof = min(peak, intensity * ceilings["gbps"] / 1e3) if ceilings else math.nan
+        # A GB/s schema (memory-bound ops) reports bytes a second: the same forward time as a FLOP rate.
+        achieved = float(forward[shape.label]) * (intensity / 1e3 if summary.schema.counts_bytes else 1.0)
         out.append(ShapeAnalysis(shape.label, intensity, "compute" if intensity >= ridge else "memory",
-                                 float(forward[shape.label]), roof))
+                                 achieved, roof))
     return out
 
 

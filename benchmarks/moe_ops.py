@@ -1,13 +1,17 @@
-"""MoE token permute / unpermute on one GPU, with the harness's timer: GB/s (bytes read + written) of each
-pass next to a torch implementation (argsort + index_select / index_add_) and to the bandwidth of a
-plain copy of the permuted tensor measured in the same run (issue 17: >= 85% of it).
+"""MoE token permute / unpermute and the router on one GPU, with the harness's timer: GB/s (bytes read +
+written) of each pass next to a torch implementation (argsort + index_select / index_add_ for permute
+and unpermute; topk + sigmoid or softmax, kernels/moe/reference.py, for the router) and, for permute and
+unpermute, to the bandwidth of a plain copy of the permuted tensor measured in the same run (issue 17:
+>= 85% of it). The router's acceptance is its ratio: forward + backward >= 5x torch.
 
 DeepSeek-V3 sizes: 4096 and 32768 tokens, top-8, hidden 7168, bf16; 32 experts (an EP8 rank's local
-experts) and 256 (global), skewed routing (an eighth of the experts draw most pairs). With CUDA events
+experts) and 256 (global), skewed routing (an eighth of the experts draw most pairs). The router:
+DeepSeek-V3's (256 experts, sigmoid, 8 groups, 4 kept, top-8, a selection bias) on bf16 logits with
+an eighth of the experts favoured, the load-balancing and z-losses in the loss. With CUDA events
 a call's host time shows where it exceeds its GPU time (Triton binds each launch in 50-120 us on the
 lent host: permute is three launches); `--mode cuda-graph` replays captured calls, the GPU time alone.
 
-    python benchmarks/moe_ops.py --csv moe_ops.csv [--mode cuda-graph]"""
+    python benchmarks/moe_ops.py --csv moe_ops.csv [--mode cuda-graph] [--ops router]"""
 
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from passes_report import report
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.timing import Timer
-from kernels.moe import capacity_for, permute
+from kernels.moe import RouterConfig, capacity_for, permute, route
 from kernels.moe.permute import gather_rows, scatter_rows
+from kernels.moe.reference import torch_route
 
 HIDDEN, TOPK = 7168, 8
 
@@ -126,24 +131,76 @@ def rows_for_shape(shape: Shape, timer: Timer, copy_timer: Timer) -> list[dict[s
     } for name, t_ours, t_theirs, nbytes in timed]
 
 
+ROUTER_TOKENS = (4096, 32768)
+
+
+def router_rows(tokens: int, timer: Timer) -> list[dict[str, object]]:
+    """DeepSeek-V3's router, forward alone and forward + backward (the loss on the probabilities and both
+    auxiliary losses), against torch_route on the same bf16 logits."""
+    device = torch.device("cuda")
+    config = RouterConfig.deepseek_v3()
+    E, K = config.num_experts, config.topk
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(tokens, E, generator=g, device=device)
+    logits[:, : E // 8] += 1.0
+    logits = logits.bfloat16().requires_grad_()
+    bias = 0.05 * torch.randn(E, generator=g, device=device)
+    grad_probs = torch.randn(tokens, K, generator=g, device=device)
+
+    def ours() -> tuple[torch.Tensor, ...]:
+        r = route(logits, config, bias)
+        return r.probs, r.aux_loss, r.z_loss
+
+    def theirs() -> tuple[torch.Tensor, ...]:
+        probs, _, _, aux_loss, z_loss = torch_route(logits, config, bias)
+        return probs, aux_loss, z_loss
+
+    def step(forward: Callable[[], tuple[torch.Tensor, ...]]) -> Callable[[], None]:
+        def run() -> None:
+            logits.grad = None
+            probs, aux_loss, z_loss = forward()
+            ((probs * grad_probs).sum() + 0.01 * aux_loss + 0.001 * z_loss).backward()
+        return run
+
+    # forward: the logits read, probabilities and ids written; backward: the logits read, their gradient written
+    fwd_bytes = tokens * E * logits.element_size() + tokens * K * 8
+    bwd_bytes = 2 * tokens * E * logits.element_size() + tokens * K * 8
+    passes = [("router fwd", ours, theirs, fwd_bytes),
+              ("router fwd+bwd", step(ours), step(theirs), fwd_bytes + bwd_bytes)]
+    rows = []
+    for name, mine, torch_impl, nbytes in passes:
+        t_ours, t_torch = timer.time(mine).median_ms, timer.time(torch_impl).median_ms
+        rows.append({
+            "label": f"dsv3 T{tokens} E{E}", "pass": name, "ours_ms": t_ours, "ours_GBps": nbytes / t_ours / 1e6,
+            "copy_GBps": float("nan"), "of_copy": float("nan"), "anchor": "torch", "anchor_ms": t_torch,
+            "anchor_GBps": nbytes / t_torch / 1e6, "ratio": t_torch / t_ours,
+        })
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--csv", default=None, help="write all rows here")
     parser.add_argument("--mode", choices=("cuda-events", "cuda-graph"), default="cuda-events")
+    parser.add_argument("--ops", default="permute,router", help="comma-separated: permute (and unpermute), router")
     args = parser.parse_args()
     device = torch.device("cuda")
     timer = Timer(device, mode=args.mode, repeats=args.repeats, warmup=3)
     # The copy always with CUDA events: replayed from a graph, a device-to-device memcpy node may run on
     # the copy engines, slower than the SMs' copy the kernels are held to.
     copy_timer = Timer(device, repeats=args.repeats, warmup=3)
+    ops = set(args.ops.split(","))
     rows = []
     for shape in SHAPES:
-        if args.only in shape.label:
+        if "permute" in ops and args.only in shape.label:
             rows += rows_for_shape(shape, timer, copy_timer)
             torch.cuda.empty_cache()
-    report(rows, f"MoE permute / unpermute (bf16, top-8, hidden 7168, {args.mode})",
+    for tokens in ROUTER_TOKENS:
+        if "router" in ops and args.only in f"dsv3 T{tokens}":
+            rows += router_rows(tokens, timer)
+    report(rows, f"MoE permute / unpermute (bf16, top-8, hidden 7168) and router ({args.mode})",
            ("label", "pass", "ours_ms", "ours_GBps", "copy_GBps", "of_copy", "anchor_GBps", "ratio"), args.csv)
 
 

@@ -141,12 +141,41 @@ def _accumulation(rng: np.random.Generator, sizes: ProbeSizes, grouped: bool) ->
                  lens, ACCUMULATION_SCALE)
 
 
+def _moe_tokens_ragged(rng: np.random.Generator, sizes: ProbeSizes, index: int, count: int) -> Probe:
+    """Permute / unpermute: ragged tokens (one on the last of three or more draws) and hidden size, 3 to 40
+    experts, top-1 to top-8, each padding."""
+    experts = int(rng.integers(3, 41))
+    T = 1 if count >= 3 and index == count - 1 else _ragged(rng, sizes.rows, aligned=False)
+    dims = {"T": T, "H": _ragged(rng, sizes.depth, aligned=index % 2 == 1), "E": experts,
+            "topk": int(rng.integers(1, min(8, experts) + 1)), "pad_to": int(rng.choice([1, 16, 128]))}
+    return Probe(_label(f"ragged-{index + 1}", dims), dims, _seed(rng))
+
+
+def _moe_router_ragged(rng: np.random.Generator, sizes: ProbeSizes, index: int, count: int) -> Probe:
+    """The router: ragged tokens (one on the last of three or more draws), 3 to 300 experts, softmax and
+    sigmoid, every other draw group-limited (2 to 8 groups, some kept)."""
+    T = 1 if count >= 3 and index == count - 1 else _ragged(rng, sizes.rows, aligned=False)
+    dims = {"T": T, "E": 0, "topk": 0, "n_group": 1, "topk_group": 1, "sigmoid": index % 2}
+    if index % 2:
+        n_group = int(rng.integers(2, 9))
+        per_group = int(rng.integers(2, 38))
+        topk_group = int(rng.integers(1, n_group + 1))
+        dims |= {"E": n_group * per_group, "n_group": n_group, "topk_group": topk_group,
+                 "topk": int(rng.integers(1, min(8, topk_group * per_group) + 1))}
+    else:
+        experts = int(rng.integers(3, 301))
+        dims |= {"E": experts, "topk": int(rng.integers(1, min(8, experts) + 1))}
+    return Probe(_label(f"ragged-{index + 1}", dims), dims, _seed(rng))
+
+
 # Shape families whose ops are GEMMs: the accumulation probe's dims (M, N, K) are theirs.
 GEMM_FAMILIES: tuple[str, ...] = ("dense_gemm", "grouped_gemm")
 RAGGED: dict[str, Callable[[np.random.Generator, ProbeSizes, int, int], Probe]] = {
     "dense_gemm": _dense_ragged,
     "grouped_gemm": _grouped_ragged,
     "attention": _attention_ragged,
+    "moe_tokens": _moe_tokens_ragged,
+    "moe_router": _moe_router_ragged,
 }
 
 

@@ -49,7 +49,8 @@ class ShapeResult:
     snrs: dict[str, float]
     fwd: Timing
     bwd: Timing
-    flops: tuple[float, float]
+    # (fwd, bwd) work in what the schema's metric counts: FLOPs (TFLOPS) or bytes moved (GB/s).
+    work: tuple[float, float]
     error: str | None = None
     # Timings with fresh input tensors on every call (NAN_TIMING when not measured).
     fresh_fwd: Timing = NAN_TIMING
@@ -57,13 +58,13 @@ class ShapeResult:
 
     def row(self, schema: CsvSchema) -> dict[str, object]:
         def rate(work: float, t: Timing) -> float:
-            return work / (t.median_ms * 1e-3) / 1e12 if t.median_ms > 0 else math.nan
+            return work / (t.median_ms * 1e-3) / schema.unit if t.median_ms > 0 else math.nan
 
         def rate_std(work: float, t: Timing) -> float:
             # First-order propagation of the time's spread into the rate's.
             return rate(work, t) * t.stddev_ms / t.median_ms if t.median_ms > 0 else math.nan
 
-        (f_work, b_work), fwd, bwd = self.flops, self.fwd, self.bwd
+        (f_work, b_work), fwd, bwd = self.work, self.fwd, self.bwd
         return {
             "label": self.shape.label,
             **self.dims,
@@ -135,8 +136,13 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _failed(shape: Shape, dims: dict[str, int], error: str, flops: tuple[float, float]) -> ShapeResult:
-    return ShapeResult(shape, dims, FAIL, {}, NAN_TIMING, NAN_TIMING, flops, error)
+def _failed(shape: Shape, dims: dict[str, int], error: str, work: tuple[float, float]) -> ShapeResult:
+    return ShapeResult(shape, dims, FAIL, {}, NAN_TIMING, NAN_TIMING, work, error)
+
+
+def work_of(spec: OpSpec, problem: Problem) -> tuple[float, float]:
+    """(fwd, bwd) work of a problem in what its schema's metric counts: bytes moved or FLOPs."""
+    return spec.bytes_moved(problem) if get_schema(spec.schema).counts_bytes else spec.flops(problem)
 
 
 # Seed offsets of the other input sets of a shape: the re-check after timing, the fresh-input timing
@@ -216,9 +222,10 @@ def _other_inputs(spec: OpSpec, problem: Problem, offset: int) -> Tensors:
     return spec.make_inputs(dataclasses.replace(problem, seed=problem.seed + offset))
 
 
-def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors) -> None:
-    """New values in the same tensors (same id and data_ptr): what a training step does to its buffers."""
-    fresh = _other_inputs(spec, problem, RECHECK_SEED_OFFSET)
+def _refill_in_place(spec: OpSpec, problem: Problem, inputs: Tensors, offset: int = RECHECK_SEED_OFFSET) -> None:
+    """New values in the same tensors (same id and data_ptr): what a training step does to its buffers.
+    Offset 0 puts back the values make_inputs gave them."""
+    fresh = _other_inputs(spec, problem, offset)
     for name, tensor in inputs.items():
         if tensor.is_floating_point():
             tensor.copy_(fresh[name])
@@ -299,7 +306,7 @@ def run_runner(
     steps through the autograd API (`_check_training`), after timing so that a verdict on the timed
     calls does not depend on what the allocator handed the training step.
     """
-    flops = spec.flops(problem)
+    work = work_of(spec, problem)
     backward = runner.backward
     checked = spec.outputs if backward else spec.forward_outputs
     formats = spec.snr_formats(problem)
@@ -340,10 +347,10 @@ def run_runner(
         if checking and spec.train_step:
             _check_training(spec, problem, formats)
     except CheckFailed as exc:
-        return _failed(shape, dims, f"check: {exc}", flops)
+        return _failed(shape, dims, f"check: {exc}", work)
     except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
-        return _failed(shape, dims, _describe(exc), flops)
-    return ShapeResult(shape, dims, PASS if not failing else FAIL, snrs, fwd, bwd, flops,
+        return _failed(shape, dims, _describe(exc), work)
+    return ShapeResult(shape, dims, PASS if not failing else FAIL, snrs, fwd, bwd, work,
                        fresh_fwd=fresh_fwd, fresh_bwd=fresh_bwd)
 
 
@@ -376,7 +383,9 @@ def run_shape(run: BenchRun, shape: Shape) -> dict[str, ShapeResult]:
     # vendor's, trusted.
     extra = skew_checks(problem)
     results = {}
-    for r in run.runners:
+    for i, r in enumerate(run.runners):
+        if i:  # the runner before re-checked itself on refilled inputs: back to the values `ref` is of
+            _refill_in_place(spec, problem, inputs, offset=0)
         ours = r is spec.runner
         results[r.name] = run_runner(spec, r, problem, inputs, ref, shape, dims, run.timer, extra if ours else [],
                                      run.fresh_sets if ours else 0, ours and run.checks == "full")

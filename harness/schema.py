@@ -27,15 +27,34 @@ GEMM_HEADER = (
 )
 
 
+TFLOPS, GBPS = "TFLOPS", "GB/s"
+# Work per second in each metric's unit: FLOPs / 1e12, bytes moved / 1e9.
+METRIC_UNITS: dict[str, float] = {TFLOPS: 1e12, GBPS: 1e9}
+
+
 @dataclass(frozen=True)
 class CsvSchema:
     name: str
     dims: tuple[str, ...]
-    # "TFLOPS" for compute-bound ops, "GB/s" for memory-bound ones.
+    # TFLOPS for compute-bound ops (the rate of spec.flops), GB/s for memory-bound ones (spec.bytes_moved).
     metric: str
     outputs: tuple[str, ...]
     # Dims a shape may leave out (e.g. B=1 for a dense GEMM).
     dim_defaults: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRIC_UNITS:
+            raise ValueError(f"schema '{self.name}': metric must be one of {', '.join(METRIC_UNITS)}, "
+                             f"got {self.metric!r}")
+
+    @property
+    def counts_bytes(self) -> bool:
+        """Whether the metric is a bandwidth (bytes moved) rather than a FLOP rate."""
+        return self.metric == GBPS
+
+    @property
+    def unit(self) -> float:
+        return METRIC_UNITS[self.metric]
 
     @property
     def fwd_metric(self) -> str:
@@ -80,7 +99,7 @@ class CsvSchema:
         return {d: merged[d] for d in self.dims}
 
 
-GEMM = CsvSchema("gemm", ("B", "M", "N", "K"), "TFLOPS", ("out", "da", "db"), dim_defaults={"B": 1})
+GEMM = CsvSchema("gemm", ("B", "M", "N", "K"), TFLOPS, ("out", "da", "db"), dim_defaults={"B": 1})
 if GEMM.header != GEMM_HEADER:  # the frozen contract: fail at import, never write a drifted header
     raise RuntimeError("harness.schema: the GEMM schema no longer produces the frozen header")
 
@@ -104,11 +123,49 @@ def register_schema(schema: CsvSchema) -> CsvSchema:
 
 
 ATTENTION = register_schema(CsvSchema(
-    "attention", ("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", "causal", "window"), "TFLOPS", ("out", "dq", "dk", "dv"),
+    "attention", ("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", "causal", "window"), TFLOPS, ("out", "dq", "dk", "dv"),
     dim_defaults={"causal": 0, "window": 0},
 ))
 if ATTENTION.header != ATTENTION_HEADER:
     raise RuntimeError("harness.schema: the attention schema no longer produces the frozen header")
+
+
+# The memory-bound MoE ops (kernels/moe), in GB/s. Permute and unpermute: T tokens of hidden size H, E
+# experts, topk copies a token, each expert's rows padded to pad_to; permute's outputs are the permuted
+# tokens and probabilities, unpermute's the combined tokens. The router: T tokens over E experts, topk,
+# group-limited (n_group, topk_group; 1, 1 without groups), scores by sigmoid (1) or softmax (0).
+MOE_PERMUTE_HEADER = (
+    "label,T,H,E,topk,pad_to,Check,Forward GB/s,Forward GB/s_stddev,Backward GB/s,Backward GB/s_stddev,"
+    "Forward Time (ms),Backward Time (ms),out_snr,out_probs_snr,dx_snr,dprobs_snr"
+)
+MOE_UNPERMUTE_HEADER = (
+    "label,T,H,E,topk,pad_to,Check,Forward GB/s,Forward GB/s_stddev,Backward GB/s,Backward GB/s_stddev,"
+    "Forward Time (ms),Backward Time (ms),out_snr,dh_snr,dprobs_snr"
+)
+MOE_ROUTER_HEADER = (
+    "label,T,E,topk,n_group,topk_group,sigmoid,Check,Forward GB/s,Forward GB/s_stddev,Backward GB/s,"
+    "Backward GB/s_stddev,Forward Time (ms),Backward Time (ms),probs_snr,aux_loss_snr,z_loss_snr,dlogits_snr"
+)
+MOE_TOKEN_DIMS = ("T", "H", "E", "topk", "pad_to")
+MOE_PERMUTE = register_schema(CsvSchema("moe_permute", MOE_TOKEN_DIMS, GBPS, ("out", "out_probs", "dx", "dprobs"),
+                                        dim_defaults={"pad_to": 1}))
+MOE_UNPERMUTE = register_schema(CsvSchema("moe_unpermute", MOE_TOKEN_DIMS, GBPS, ("out", "dh", "dprobs"),
+                                          dim_defaults={"pad_to": 1}))
+MOE_ROUTER = register_schema(CsvSchema(
+    "moe_router", ("T", "E", "topk", "n_group", "topk_group", "sigmoid"), GBPS,
+    ("probs", "aux_loss", "z_loss", "dlogits"), dim_defaults={"n_group": 1, "topk_group": 1, "sigmoid": 0},
+))
+# The layer's experts (moe_mlp): TFLOPS of the expert GEMMs; I the expert intermediate size.
+MOE_MLP_HEADER = (
+    "label,T,H,I,E,topk,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,Backward TFLOPS_stddev,"
+    "Forward Time (ms),Backward Time (ms),out_snr,dx_snr,dprobs_snr,dw_gate_up_snr,dw_down_snr"
+)
+MOE_MLP = register_schema(CsvSchema("moe_mlp", ("T", "H", "I", "E", "topk"), TFLOPS,
+                                    ("out", "dx", "dprobs", "dw_gate_up", "dw_down")))
+for _schema, _header in ((MOE_PERMUTE, MOE_PERMUTE_HEADER), (MOE_UNPERMUTE, MOE_UNPERMUTE_HEADER),
+                         (MOE_ROUTER, MOE_ROUTER_HEADER), (MOE_MLP, MOE_MLP_HEADER)):
+    if _schema.header != _header:
+        raise RuntimeError(f"harness.schema: the {_schema.name} schema no longer produces the frozen header")
 
 
 def schema_of_header(header: str, name: str) -> CsvSchema | None:

@@ -335,6 +335,88 @@ def attention_smoke() -> list[Shape]:
     ]
 
 
+# --- MoE layer ops (permute / unpermute, router) --------------------------------------------------------
+
+# The SonicMoE paper's configuration: fine-grained experts (hidden 4096, 128 experts, top-8, inter 512).
+SONICMOE = MoEModel(hidden=4096, expert_intermediate=512, experts=128, top_k=8)
+MOE_LAYER_MODELS: dict[str, MoEModel] = {
+    **{name: MOE_MODELS[name] for name in ("deepseek-v3", "qwen3-235b", "qwen3-30b", "gpt-oss-120b")},
+    "sonicmoe": SONICMOE,
+}
+# Tokens of a step (a rank's micro-batch); SonicMoE's published numbers are at 32k.
+MOE_LAYER_TOKENS: tuple[int, ...] = (4096, 32768)
+# DeepSeek-V3 routes group-limited: 8 groups of its 256 experts, the best 4 kept, by sigmoid scores.
+ROUTER_GROUPS: dict[str, dict[str, int]] = {"deepseek-v3": {"n_group": 8, "topk_group": 4, "sigmoid": 1}}
+
+
+def moe_token_preset(model: str) -> list[Shape]:
+    """Permute / unpermute of a model's layer: all its experts, unpadded and padded to 128 (FP8 GEMMs).
+    The routing is skewed in every problem (the ops' specs draw it: hot experts and empty ones)."""
+    spec = MOE_LAYER_MODELS[model]
+    return [
+        Shape(label=f"{model}/t{tokens}/pad{pad_to}/skewed",
+              dims={"T": tokens, "H": spec.hidden, "E": spec.experts, "topk": spec.top_k, "pad_to": pad_to})
+        for tokens in MOE_LAYER_TOKENS
+        for pad_to in (1, 128)
+    ]
+
+
+def moe_router_preset(model: str) -> list[Shape]:
+    spec = MOE_LAYER_MODELS[model]
+    return [Shape(label=f"{model}/t{tokens}/skewed",
+                  dims={"T": tokens, "E": spec.experts, "topk": spec.top_k, **ROUTER_GROUPS.get(model, {})})
+            for tokens in MOE_LAYER_TOKENS]
+
+
+# Experts an EP rank holds in the moe_mlp presets (a float64 reference of all 256 of DeepSeek-V3's would
+# not fit): the global count over 8 ranks; SonicMoE's configuration as published (128).
+MLP_LOCAL_EXPERTS: dict[str, int] = {"deepseek-v3": 32, "qwen3-235b": 16, "qwen3-30b": 16, "gpt-oss-120b": 16,
+                                     "sonicmoe": 128}
+
+
+def moe_mlp_preset(model: str) -> list[Shape]:
+    """The layer's experts of a model on one EP rank, 4096 tokens (SonicMoE: 32k, its paper's), skewed."""
+    spec = MOE_LAYER_MODELS[model]
+    tokens = (32768,) if model == "sonicmoe" else (4096,)
+    return [Shape(label=f"{model}/e{MLP_LOCAL_EXPERTS[model]}/t{t}/skewed",
+                  dims={"T": t, "H": spec.hidden, "I": spec.expert_intermediate, "E": MLP_LOCAL_EXPERTS[model],
+                        "topk": spec.top_k})
+            for t in tokens]
+
+
+def moe_mlp_smoke() -> list[Shape]:
+    """Small layers for the CPU interpreter: odd sizes, top-1 and top-4, one token."""
+    return [
+        Shape(label="smoke/t37-h48-i40-e6-top2", dims={"T": 37, "H": 48, "I": 40, "E": 6, "topk": 2}),
+        Shape(label="smoke/t1-h32-i24-e8-top4", dims={"T": 1, "H": 32, "I": 24, "E": 8, "topk": 4}),
+        Shape(label="smoke/t29-h16-i8-e3-top1", dims={"T": 29, "H": 16, "I": 8, "E": 3, "topk": 1}),
+    ]
+
+
+def moe_token_smoke() -> list[Shape]:
+    """Small permute / unpermute problems for the CPU interpreter: one token, top-1, top-8, padding, odd H."""
+    def dims(T: int, H: int, E: int, topk: int, pad_to: int) -> dict[str, int]:
+        return {"T": T, "H": H, "E": E, "topk": topk, "pad_to": pad_to}
+
+    return [
+        Shape(label="smoke/t37-h40-e6-top2", dims=dims(37, 40, 6, 2, 1)),
+        Shape(label="smoke/t29-h24-e16-top8-pad16", dims=dims(29, 24, 16, 8, 16)),
+        Shape(label="smoke/t1-h72-e16-top8", dims=dims(1, 72, 16, 8, 1)),
+        Shape(label="smoke/t21-h16-e3-top1-pad128", dims=dims(21, 16, 3, 1, 128)),
+    ]
+
+
+def moe_router_smoke() -> list[Shape]:
+    """Small router problems for the CPU interpreter: softmax top-1 and top-8, one token, DeepSeek-V3's
+    groups on fewer tokens."""
+    return [
+        Shape(label="smoke/t37-e6-top1", dims={"T": 37, "E": 6, "topk": 1}),
+        Shape(label="smoke/t21-e24-top8", dims={"T": 21, "E": 24, "topk": 8}),
+        Shape(label="smoke/t1-e16-top4-sigmoid", dims={"T": 1, "E": 16, "topk": 4, "sigmoid": 1}),
+        Shape(label="smoke/t19-e256-top8-dsv3", dims={"T": 19, "E": 256, "topk": 8, **ROUTER_GROUPS["deepseek-v3"]}),
+    ]
+
+
 PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
     "dense_gemm": {
         "smoke": dense_smoke,
@@ -353,6 +435,18 @@ PRESETS: dict[str, dict[str, Callable[[], list[Shape]]]] = {
         "long-context": attention_long_context,
         "packed": attention_packed,
         "headline": attention_headline,
+    },
+    "moe_tokens": {
+        "smoke": moe_token_smoke,
+        **{name: (lambda name=name: moe_token_preset(name)) for name in MOE_LAYER_MODELS},
+    },
+    "moe_router": {
+        "smoke": moe_router_smoke,
+        **{name: (lambda name=name: moe_router_preset(name)) for name in MOE_LAYER_MODELS},
+    },
+    "moe_mlp": {
+        "smoke": moe_mlp_smoke,
+        **{name: (lambda name=name: moe_mlp_preset(name)) for name in MOE_LAYER_MODELS},
     },
 }
 

@@ -38,6 +38,14 @@ def test_smoke_bench_writes_frozen_csv_and_interpreter_sidecar(tmp_path):
     assert json.loads((tmp_path / "out.meta.json").read_text())["op"] == "gemm"
 
 
+def test_baselines_are_checked_on_the_inputs_their_reference_is_of():
+    """Each runner re-checks itself on refilled inputs after timing; the next one starts from the values
+    the shape's reference was computed on (else every baseline FAILs)."""
+    run = run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke")[:1], shapes_source="smoke",
+                    repeats=1, warmup=0, compare_baselines=True)
+    assert [r.check for results in run.results.values() for r in results] == ["PASS", "PASS"]
+
+
 def test_a_shape_that_raises_is_a_fail_row_and_the_run_goes_on(tmp_path):
     shapes = [
         Shape(label="ok", dims={"M": 40, "N": 24, "K": 16}),

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from harness.errors import UserError
-from harness.schema import GEMM, CsvSchema, read_summary, register_schema, write_summary
+from harness.schema import GEMM, CsvSchema, get_schema, read_summary, register_schema, write_summary
 
 FROZEN = (
     "label,B,M,N,K,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,Backward TFLOPS_stddev,"
@@ -22,6 +22,31 @@ def gemm_row(label="s1", check="PASS", fwd=100.0, bwd=90.0, **dims):
 
 def test_gemm_header_is_frozen_byte_for_byte():
     assert GEMM.header == FROZEN
+
+
+# The memory-bound MoE ops: GB/s of the bytes they move, their dims and outputs.
+FROZEN_MOE = {
+    "moe_permute": "label,T,H,E,topk,pad_to,Check,Forward GB/s,Forward GB/s_stddev,Backward GB/s,Backward GB/s_stddev,"
+                   "Forward Time (ms),Backward Time (ms),out_snr,out_probs_snr,dx_snr,dprobs_snr",
+    "moe_unpermute": "label,T,H,E,topk,pad_to,Check,Forward GB/s,Forward GB/s_stddev,Backward GB/s,"
+                     "Backward GB/s_stddev,Forward Time (ms),Backward Time (ms),out_snr,dh_snr,dprobs_snr",
+    "moe_router": "label,T,E,topk,n_group,topk_group,sigmoid,Check,Forward GB/s,Forward GB/s_stddev,Backward GB/s,"
+                  "Backward GB/s_stddev,Forward Time (ms),Backward Time (ms),probs_snr,aux_loss_snr,z_loss_snr,"
+                  "dlogits_snr",
+}
+FROZEN_MOE_MLP = ("label,T,H,I,E,topk,Check,Forward TFLOPS,Forward TFLOPS_stddev,Backward TFLOPS,"
+                  "Backward TFLOPS_stddev,Forward Time (ms),Backward Time (ms),out_snr,dx_snr,dprobs_snr,"
+                  "dw_gate_up_snr,dw_down_snr")
+
+
+def test_moe_headers_are_frozen_byte_for_byte_and_count_bytes():
+    for name, header in FROZEN_MOE.items():
+        schema = get_schema(name)
+        assert schema.header == header and schema.counts_bytes and schema.unit == 1e9
+    assert not GEMM.counts_bytes and GEMM.unit == 1e12
+    assert get_schema("moe_mlp").header == FROZEN_MOE_MLP and not get_schema("moe_mlp").counts_bytes
+    with pytest.raises(ValueError, match="metric must be one of TFLOPS, GB/s"):
+        CsvSchema("bad", ("T",), "GiB/s", ("out",))
 
 
 def test_round_trip(tmp_path):

@@ -51,13 +51,15 @@ def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Conf
 
 def fp8_forward(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
-    needs: tuple[bool, bool] = (False, False), b_fp8: WeightFp8 | None = None,
+    needs: tuple[bool, bool] = (False, False), b_fp8: WeightFp8 | None = None, a_glu: bool = False,
 ) -> ForBackward:
     """out[rows_g] = a[rows_g] @ op(b[g]) in FP8; `needs` = (grad of a, grad of b) says what to keep;
-    `b_fp8`, b already quantized (prequantize_weight), skips quantizing it."""
+    `b_fp8`, b already quantized (prequantize_weight), skips quantizing it. `a_glu`: a is a SwiGLU's input
+    [rows, 2K] and the GEMM's A is silu(a[:, :K]) * a[:, K:], computed in its quantization (quantize_both's
+    glu): an MoE layer's Down GEMM without the SwiGLU output ever written."""
     need_da, need_db = needs
     gran = config.granularity
-    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db)
+    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db, glu=a_glu)
     weight, dgrad_weight = weight_operands(b, trans_b, config.forward_dtype, gran, need_da, b_fp8)
     m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out)
     return ForBackward(a_q.cols_t, dgrad_weight, a_q.padded_offs)

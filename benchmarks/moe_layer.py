@@ -1,0 +1,134 @@
+"""The MoE MLP layer on one GPU, forward and forward + backward: kernels.moe.MoEMLP (bf16, and FP8 E4M3
+rowwise) next to a torch layer of the same math (kernels/moe/reference.py: torch_route, argsort +
+index_select, torch._grouped_mm for GateUP and Down, silu * up, index_add_), on the same weights and tokens,
+with the harness's timer; `ratio` is torch's step time over the row's. TFLOPS count the expert GEMMs
+only, as SonicMoE does: 6 * T * topk * H * I forward, twice that backward. Also the forward's activation
+memory (peak allocated while the graph is alive, past what was allocated before).
+
+Issue 17's acceptance (H100, bf16, skewed routing): >= 1.25x torch on DeepSeek-V3 (32 local experts, 4096
+tokens) and Qwen3-235B, >= 2x on the SonicMoE configuration (32k tokens, hidden 4096, 128 experts, top-8,
+inter 512); FP8 >= 1.3x our bf16; activation memory no larger than torch's.
+
+    python benchmarks/moe_layer.py --csv moe_layer.csv [--mode cuda-graph]"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from passes_report import report
+
+import kernels  # noqa: F401  (interpreter switch before triton loads)
+from harness.timing import Timer
+from kernels.common.fp8 import Float8Config
+from kernels.moe import MoEMLP, RouterConfig
+from kernels.moe.reference import torch_moe_mlp
+
+
+@dataclass(frozen=True)
+class Layer:
+    label: str
+    tokens: int
+    hidden: int
+    intermediate: int
+    router: RouterConfig
+
+
+LAYERS = (
+    # an EP8 rank of DeepSeek-V3: 32 local experts, sigmoid routing in 8 groups of 4, 4 kept
+    Layer("dsv3 E32 T4096", 4096, 7168, 2048,
+          RouterConfig(32, 8, "sigmoid", n_group=8, topk_group=4, renormalize=True, scaling_factor=2.5)),
+    Layer("qwen3-235b E128 T8192", 8192, 4096, 1536, RouterConfig(128, 8, renormalize=True)),
+    Layer("sonicmoe E128 T32768", 32768, 4096, 512, RouterConfig(128, 8, renormalize=True)),
+)
+
+
+def skewed_tokens(layer: MoEMLP, tokens: int) -> torch.Tensor:
+    """Tokens sharing a direction u that the first eighth of the experts' gate rows lean towards: their
+    logits about 1 higher, so they draw most tokens (skewed routing, as a trained router's)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    H, E = layer.hidden, layer.router.num_experts
+    u = torch.randn(H, generator=g, device="cuda")
+    u /= u.norm()
+    with torch.no_grad():
+        layer.gate[: max(1, E // 8)] += (0.25 * u).to(layer.gate.dtype)
+    return (torch.randn(tokens, H, generator=g, device="cuda") + 4 * u).bfloat16().requires_grad_()
+
+
+def rows_for_layer(spec: Layer, timer: Timer) -> list[dict[str, object]]:
+    torch.manual_seed(0)
+    bf16 = MoEMLP(spec.hidden, spec.intermediate, spec.router, expert_bias=spec.router.score_func == "sigmoid",
+                  dtype=torch.bfloat16, device="cuda")
+    x = skewed_tokens(bf16, spec.tokens)
+    fp8 = MoEMLP(spec.hidden, spec.intermediate, spec.router, expert_bias=bf16.expert_bias is not None,
+                 fp8=Float8Config(), dtype=torch.bfloat16, device="cuda")
+    fp8.load_state_dict(bf16.state_dict())
+    grad_out = torch.randn_like(x)
+    params = (x, bf16.gate, bf16.w_gate_up, bf16.w_down)
+
+    def ours(layer: MoEMLP) -> Callable[[], tuple[torch.Tensor, ...]]:
+        def forward() -> tuple[torch.Tensor, ...]:
+            out, routing = layer(x)
+            return out, routing.aux_loss, routing.z_loss
+        return forward
+
+    def torch_layer() -> tuple[torch.Tensor, ...]:
+        return torch_moe_mlp(x, bf16.gate, bf16.w_gate_up, bf16.w_down, spec.router, bf16.expert_bias)
+
+    def step(forward: Callable[[], tuple[torch.Tensor, ...]]) -> Callable[[], None]:
+        def run() -> None:
+            out, aux_loss, z_loss = forward()
+            ((out * grad_out).sum() + 1e-2 * aux_loss + 1e-3 * z_loss).backward()
+        return run
+
+    def activation_mib(forward: Callable[[], tuple[torch.Tensor, ...]]) -> float:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        kept = forward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del kept
+        return peak / 2**20
+
+    gemm_flops = 6.0 * spec.tokens * spec.router.topk * spec.hidden * spec.intermediate
+    rows = []
+    impls = (("torch", torch_layer), ("ours bf16", ours(bf16)), ("ours fp8", ours(fp8)))
+    times = {}
+    for impl, forward in impls:
+        for p in (*params, fp8.gate, fp8.w_gate_up, fp8.w_down):
+            p.grad = None
+        fwd_ms = timer.time(forward).median_ms
+        step_ms = timer.time(step(forward)).median_ms
+        times[impl] = step_ms
+        rows.append({"label": spec.label, "impl": impl, "fwd_ms": fwd_ms, "step_ms": step_ms,
+                     "fwd_TFLOPS": gemm_flops / fwd_ms / 1e9, "step_TFLOPS": 3 * gemm_flops / step_ms / 1e9,
+                     "fwd_act_MiB": activation_mib(forward)})
+    for row in rows:
+        row["ratio"] = times["torch"] / row["step_ms"]
+        row["vs_ours_bf16"] = times["ours bf16"] / row["step_ms"]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="keep layers whose label contains this")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--csv", default=None, help="write all rows here")
+    parser.add_argument("--mode", choices=("cuda-events", "cuda-graph"), default="cuda-events")
+    args = parser.parse_args()
+    timer = Timer(torch.device("cuda"), mode=args.mode, repeats=args.repeats, warmup=3)
+    rows = []
+    for spec in LAYERS:
+        if args.only in spec.label:
+            rows += rows_for_layer(spec, timer)
+            torch.cuda.empty_cache()
+    report(rows, f"MoE MLP layer, fwd + bwd, skewed routing ({args.mode})",
+           ("label", "impl", "fwd_ms", "step_ms", "fwd_TFLOPS", "step_TFLOPS", "fwd_act_MiB", "ratio",
+            "vs_ours_bf16"), args.csv, group="impl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""An MoE layer's experts for a given routing: permute -> GateUP grouped GEMM -> SwiGLU -> Down grouped
+GEMM -> unpermute, forward and backward, bf16/fp16 or FP8; kernels, launchers and autograd Functions as one
+story (kernels/moe/mlp.py's MoEMLP puts the router in front).
+
+    from kernels.moe import moe_experts
+    out = moe_experts(x, routing.expert_ids, routing.probs, w_gate_up, w_down, fp8=Float8Config())
+
+The SwiGLU is its own pair of kernels (`_swiglu_fwd_kernel`: silu(gate) * up in fp32; `_swiglu_bwd_kernel`
+recomputing silu from the saved GateUP output). On the FP8 path it is computed inside the quantization of
+the Down GEMM's input instead (`_SwiGLUDownFp8`, quantize_both's glu): its output is never written. Nothing
+reads the routing on the host (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.device import cdiv
+from kernels.common.fp8 import Float8Config
+from kernels.grouped_gemm import grouped_gemm
+from kernels.grouped_gemm_fp8 import fp8_backward, fp8_forward, grouped_gemm_fp8
+from kernels.moe.permute import permute, unpermute
+
+# 16-byte accesses of bf16: 8 a thread over 1024 columns, 4 rows a program.
+SWIGLU_BLOCK_I = 1024
+SWIGLU_ROWS = 4
+SWIGLU_WARPS = 4
+
+
+@triton.jit
+def _swiglu_fwd_kernel(h_ptr, out_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
+    """out[r] = silu(h[r, :I]) * h[r, I:] in fp32, for ROWS rows and BLOCK_I columns a program."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask = (rows < R)[:, None] & (cols < I)[None, :]
+    base = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+    gate = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + base + I, mask=mask, other=0.0).to(tl.float32)
+    out = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(h_ptr, grad_out_ptr, grad_h_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
+    """grad_h[r, :I] = grad_out * up * silu'(gate), grad_h[r, I:] = grad_out * silu(gate)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask = (rows < R)[:, None] & (cols < I)[None, :]
+    base = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+    gate = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + base + I, mask=mask, other=0.0).to(tl.float32)
+    grad = tl.load(grad_out_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], mask=mask, other=0.0)
+    grad = grad.to(tl.float32)
+    sig = tl.sigmoid(gate)
+    silu = gate * sig
+    dtype = grad_h_ptr.dtype.element_ty
+    tl.store(grad_h_ptr + base, (grad * up * (sig + silu * (1.0 - sig))).to(dtype), mask=mask)
+    tl.store(grad_h_ptr + base + I, (grad * silu).to(dtype), mask=mask)
+
+
+def _swiglu_grid(R: int, I: int) -> tuple[int, int]:
+    return cdiv(R, SWIGLU_ROWS), cdiv(I, SWIGLU_BLOCK_I)
+
+
+def swiglu_forward(h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [R, I] = silu(h[:, :I]) * h[:, I:] for h [R, 2I], into the given buffer."""
+    R, I = out.shape
+    if R:
+        _swiglu_fwd_kernel[_swiglu_grid(R, I)](h, out, R, I, ROWS=SWIGLU_ROWS, BLOCK_I=SWIGLU_BLOCK_I,
+                                               num_warps=SWIGLU_WARPS)
+    return out
+
+
+def swiglu_backward(h: torch.Tensor, grad_out: torch.Tensor, grad_h: torch.Tensor | None = None) -> torch.Tensor:
+    """grad_h [R, 2I] of swiglu(h) for its output's gradient grad_out [R, I] (into grad_h if given)."""
+    R, I = h.shape[0], h.shape[1] // 2
+    if grad_h is None:
+        grad_h = torch.empty_like(h)
+    if R:
+        _swiglu_bwd_kernel[_swiglu_grid(R, I)](h, grad_out.contiguous(), grad_h, R, I, ROWS=SWIGLU_ROWS,
+                                               BLOCK_I=SWIGLU_BLOCK_I, num_warps=SWIGLU_WARPS)
+    return grad_h
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return swiglu_forward(h, h.new_empty((h.shape[0], h.shape[1] // 2)))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (h,) = ctx.saved_tensors
+        return swiglu_backward(h, grad_out)
+
+
+class _SwiGLUDownFp8(torch.autograd.Function):
+    """The Down GEMM in FP8 on swiglu(h): the SwiGLU is computed in the quantization of the GEMM's input
+    (quantize_both's glu, both layouts: the forward's rows and the wgrad's transposed groups), so its bf16
+    output is neither written nor read back; the backward's dgrad gives the SwiGLU output's gradient, which
+    swiglu_backward takes to h's."""
+
+    @staticmethod
+    def forward(ctx, h, w, offs, config):
+        out = h.new_empty((h.shape[0], w.shape[1]))
+        ctx.saved = fp8_forward(h, w, offs, True, config, out, needs=ctx.needs_input_grad[:2], a_glu=True)
+        ctx.save_for_backward(h, offs)
+        ctx.config, ctx.w_shape = config, w.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, offs = ctx.saved_tensors
+        grad_out = grad_out.to(h.dtype).contiguous()
+        need_h, need_w = ctx.needs_input_grad[:2]
+        grad_a = h.new_empty((h.shape[0], h.shape[1] // 2)) if need_h else None
+        grad_w = h.new_empty(ctx.w_shape) if need_w else None
+        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w)
+        ctx.saved = None
+        return swiglu_backward(h, grad_a) if need_h else None, grad_w, None, None
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """silu(h[:, :I]) * h[:, I:] for h [R, 2I] (the GateUP GEMM's output, gate half first), with autograd."""
+    if h.ndim != 2 or h.shape[1] % 2:
+        raise ValueError(f"swiglu: h must be [rows, 2 * I], got {list(h.shape)}")
+    return _SwiGLU.apply(h.contiguous())
+
+
+def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, w_gate_up: torch.Tensor,
+                w_down: torch.Tensor, fp8: Float8Config | None = None) -> torch.Tensor:
+    """An MoE layer's experts for a given routing (MoEMLP past its router): permute -> GateUP ->
+    SwiGLU -> Down -> unpermute, with autograd to x, probs and both weight stacks. x [T, H]; expert_ids
+    and probs [T, topk]; w_gate_up [E, 2I, H] (gate rows, then up rows); w_down [E, H, I]; fp8: the expert
+    GEMMs in FP8 under that config (None: in x's dtype)."""
+    if w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2 or w_down.ndim != 3:
+        raise ValueError(f"moe_experts: w_gate_up must be [E, 2I, H] and w_down [E, H, I], got "
+                         f"{list(w_gate_up.shape)} and {list(w_down.shape)}")
+    E, I = w_gate_up.shape[0], w_gate_up.shape[1] // 2
+    if tuple(w_down.shape) != (E, w_gate_up.shape[2], I):
+        raise ValueError(f"moe_experts: w_down must be [E, H, I] = {[E, w_gate_up.shape[2], I]}, got "
+                         f"{list(w_down.shape)}")
+    p = permute(x, expert_ids, num_experts=E)
+    if fp8 is None:
+        h = grouped_gemm(p.permuted, w_gate_up, p.group_lens, p.group_offs)
+        y = grouped_gemm(swiglu(h), w_down, p.group_lens, p.group_offs)
+    else:
+        h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8)
+        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8)
+    return unpermute(y, p.row_map, probs)
