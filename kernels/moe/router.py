@@ -47,11 +47,20 @@ ROUTER_WARPS = 4
 # Forward programs at most: each writes one row of partials that the losses kernel, a single program,
 # reads back; 256 (about two an H100 SM) keeps that read at 512 KB for 256 experts.
 MAX_PROGRAMS = 256
+
+
+# --- kernels ----------------------------------------------------------------------------------------
+
+
 # Added to the sums renormalized by (as DeepSeek-V3 and Megatron-LM do): a row of zero sigmoid scores.
 RENORM_EPS = 1e-20
 
 
-# --- kernels ----------------------------------------------------------------------------------------
+@triton.jit
+def _renorm_total(x):
+    """A row's sum to renormalize by, plus RENORM_EPS (written out: a compiled kernel sees no module-level
+    float)."""
+    return tl.sum(x, axis=1) + 1e-20
 
 
 @triton.jit
@@ -133,7 +142,7 @@ def _router_fwd_kernel(
         z_sums += tl.where(row_ok, lse * lse, 0.0)
         if SIGMOID:
             scores = tl.sigmoid(x)
-            balance = scores / (tl.sum(scores, axis=1) + RENORM_EPS)[:, None]
+            balance = scores / _renorm_total(scores)[:, None]
         else:
             scores = softmax
             balance = softmax
@@ -155,7 +164,7 @@ def _router_fwd_kernel(
             ids = tl.where(ks[None, :] == k, expert[:, None], ids)
             counts += tl.sum((chosen & row_ok[:, None]).to(tl.int32), axis=0)
         if RENORMALIZE:
-            weights = weights / (tl.sum(weights, axis=1) + RENORM_EPS)[:, None]
+            weights = weights / _renorm_total(weights)[:, None]
         pairs = rows.to(tl.int64)[:, None] * K + ks[None, :]
         pair_mask = row_ok[:, None] & (ks < K)[None, :]
         tl.store(probs_ptr + pairs, weights * scaling_factor, mask=pair_mask)
@@ -219,7 +228,7 @@ def _router_bwd_kernel(
                 expert = tl.sum(tl.where(ks[None, :] == k, ids, 0), axis=1)
                 weight = tl.sum(tl.where(cols[None, :] == expert[:, None], scores, 0.0), axis=1)
                 weights = tl.where(ks[None, :] == k, weight[:, None], weights)
-            total = tl.sum(weights, axis=1) + RENORM_EPS
+            total = _renorm_total(weights)
             # p_k = w_k / S: dL/dw_j = g_j / S - sum_k g_k w_k / S^2
             grad = (grad - tl.sum(grad * weights, axis=1)[:, None] / total[:, None]) / total[:, None]
         for k in tl.static_range(K):
@@ -231,7 +240,7 @@ def _router_bwd_kernel(
         grad_balance = (tl.load(grad_aux_ptr).to(tl.float32) * balance_scale) * counts[None, :]
         if SIGMOID:
             # q = s / Z with Z = sum_e s_e: dL/ds_e = (dL/dq_e - sum_j dL/dq_j q_j) / Z
-            total = tl.sum(scores, axis=1) + RENORM_EPS
+            total = _renorm_total(scores)
             balance = scores / total[:, None]
             grad_scores += (grad_balance - tl.sum(grad_balance * balance, axis=1)[:, None]) / total[:, None]
         else:
