@@ -8,13 +8,16 @@ declare (attention's HEAD_DIM) ride along unchanged from the config a search sta
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.tuning_table import read_tuning, tuning_file
+from agent.tuning_table import read_tuning, tuning_file, tuning_module
+
+if TYPE_CHECKING:
+    from agent.manifest import Manifest
 
 Config = dict[str, int]
 
@@ -67,8 +70,8 @@ class ConfigSpace:
         return out
 
 
-def load_space(root: Path, op: str) -> ConfigSpace:
+def load_space(root: Path, manifest: Manifest) -> ConfigSpace:
     """The op's space as the campaign's tree declares it (read without importing) and the op's `fits`."""
-    space, _ = read_tuning(root / tuning_file(op))
-    module = importlib.import_module(f"kernels.{op}.tuning")
+    space, _ = read_tuning(root / tuning_file(manifest))
+    module = tuning_module(root, manifest)
     return ConfigSpace({knob: tuple(values) for knob, values in space.items()}, getattr(module, "fits", _anything_fits))

@@ -144,6 +144,9 @@ class Manifest(BaseModel):
     # repo: work in the checkout itself (it is switched to the campaign branch). workspace: work in a git
     # worktree of it in the campaign dir, and sync the best files back into the checkout at the end.
     execution_mode: Literal["repo", "workspace"] = "repo"
+    # The target's tuned table (a file of kernel_source with TUNABLE_SPACE and TUNED_TABLE literals and
+    # `buckets_for(dims, variant)`, as turbo-opt's kernels/<op>/tuning.py): what the search proposer rewrites.
+    tuned_table: str | None = None
     # The CSV's schema: a declared name (gemm, attention, ...) or a declaration; default: any declared
     # schema whose columns the CSV holds.
     csv_schema: str | SchemaDeclaration | None = None
@@ -169,7 +172,7 @@ class Manifest(BaseModel):
             self.schema  # noqa: B018 (an unknown name, or a declaration clashing with a declared schema, fails here)
         if self.repo is not None:
             return self._check_external()
-        external = [f for f in ("kernel_source", "benchmark_command", "quick_command", "rebuild_command")
+        external = [f for f in ("kernel_source", "benchmark_command", "quick_command", "rebuild_command", "tuned_table")
                     if getattr(self, f)]
         if external or self.execution_mode != "repo":
             raise ValueError(f"{', '.join(external) or 'execution_mode'} needs `repo` (an external target)")
@@ -204,6 +207,8 @@ class Manifest(BaseModel):
             raise ValueError(f"benchmark_command takes {SHAPES_PLACEHOLDER}: list the shapes it is to run")
         if self.mutable_files:
             raise ValueError("mutable_files is for turbo-opt's own ops: an external target lists kernel_source")
+        if self.tuned_table is not None and self.tuned_table not in self.kernel_source:
+            raise ValueError(f"tuned_table '{self.tuned_table}' must be one of kernel_source (the search rewrites it)")
         if isinstance(self.shapes, str):
             raise ValueError("shapes: an external target lists its shapes (or leaves them to its benchmark)")
         return self

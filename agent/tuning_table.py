@@ -5,12 +5,34 @@ bucket a line, so that a diff shows exactly the buckets a round changed."""
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.manifest import Manifest
 
 
-def tuning_file(op: str) -> str:
-    return f"kernels/{op}/tuning.py"
+def tuning_file(manifest: Manifest) -> str:
+    """The campaign's tuned table, relative to its checkout: an op's kernels/<op>/tuning.py, or the file an
+    external target names as `tuned_table`."""
+    return manifest.tuned_table or f"kernels/{manifest.op}/tuning.py"
+
+
+def tuning_module(root: Path, manifest: Manifest) -> ModuleType:
+    """The tuned table's module, for its `buckets_for(dims, variant)` and `fits(config)`: imported as a
+    package module for turbo-opt's own ops, loaded from the checkout's file for an external target."""
+    if manifest.tuned_table is None:
+        return importlib.import_module(f"kernels.{manifest.op}.tuning")
+    path = root / manifest.tuned_table
+    spec = importlib.util.spec_from_file_location(f"turbo_opt_tuned_table_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _assignment(tree: ast.Module, name: str) -> ast.Assign | ast.AnnAssign:

@@ -151,3 +151,46 @@ def test_bad_external_manifests_get_one_line(tmp_path, change, message):
     with pytest.raises(UserError, match=message.replace("{", r"\{").replace("}", r"\}")) as info:
         parse_manifest(data, "m.yaml")
     assert "\n" not in str(info.value)
+
+
+TUNING = '''\
+TUNABLE_SPACE = {"BLOCK_N": (64, 128, 256, 512), "num_warps": (1, 2, 4, 8)}
+TUNED_TABLE = {
+    "vector": {"BLOCK_N": 128, "num_warps": 4},
+}
+
+
+def buckets_for(dims, variant):
+    return {"vector"}
+'''
+
+
+def test_the_search_walks_an_external_targets_tuned_table(tmp_path):
+    """The one-knob search works on a target that declares a tuned table in turbo-opt's format; the
+    trial-based algorithms, which measure through turbo-opt's harness, are refused for it."""
+    from agent.processes import ChildRegistry
+    from agent.proposers import Proposed, RoundContext
+    from agent.proposers.search import SearchProposer
+    from agent.tuning_table import read_tuning
+
+    ext = make_external_repo(tmp_path / "ext")
+    (ext / "vecadd" / "tuning.py").write_text(TUNING)
+    data = {"campaign": "t", "op": "axpy", "repo": str(ext), "kernel_source": ["vecadd/kernel.py", "vecadd/tuning.py"],
+            "benchmark_command": "python bench.py {csv}", "proposer": "search"}
+    with pytest.raises(UserError, match="names it as tuned_table"):
+        SearchProposer().check(parse_manifest(data, "m.yaml"))
+    manifest = parse_manifest(data | {"tuned_table": "vecadd/tuning.py"}, "m.yaml")
+    SearchProposer().check(manifest)
+    with pytest.raises(UserError, match="one-knob walk"):
+        SearchProposer("halving").check(manifest)
+    with pytest.raises(UserError, match="must be one of kernel_source"):
+        parse_manifest(data | {"tuned_table": "bench.py"}, "m.yaml")
+    shapes = (parse_manifest(data | {"shapes": [{"label": "n384", "N": 384}]}, "m.yaml").shapes[0],)
+    context = RoundContext(campaign="t", number=2, root=ext, round_dir=tmp_path, manifest=manifest, shapes=shapes,
+                           analyses=(), history=(), tips=(), after_stagnation=False, request_md=tmp_path / "r.md",
+                           request_json=tmp_path / "r.json", children=ChildRegistry(tmp_path / "children.json"))
+    outcome = SearchProposer().propose(context)
+    assert isinstance(outcome, Proposed) and outcome.proposal.params["file"] == "vecadd/tuning.py"
+    _, table = read_tuning(ext / "vecadd" / "tuning.py")
+    knob, new = outcome.proposal.params["knob"], outcome.proposal.params["new"]
+    assert table["vector"][knob] == new != {"BLOCK_N": 128, "num_warps": 4}[knob]

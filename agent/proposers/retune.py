@@ -12,7 +12,6 @@ accepted is retuned again from there.
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable, Sequence
 
@@ -23,7 +22,7 @@ from agent.search_algorithms import Measure, SearchResult, make_search
 from agent.state import Proposal
 from agent.trial_pool import TrialPool
 from agent.trials import TrialJob
-from agent.tuning_table import read_tuning, rewrite_table, tuning_file
+from agent.tuning_table import read_tuning, rewrite_table, tuning_file, tuning_module
 from harness.files import atomic_write_text
 from harness.rules import load_rules
 from harness.shapes import Shape
@@ -104,7 +103,7 @@ def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measur
         as_was, with_winner = measure_for(context, bucket, members)([base, winner], 1)
         if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
             continue
-        own = make_search(algorithm, load_space(context.root, context.manifest.op), budget, seed=context.number)
+        own = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number)
         found = own.search(base, measure_for(context, bucket, members))
         record(context, f"{bucket} {cls}", found)
         splits[f"{bucket} {cls}"] = found.best if found.gain_pct >= rules.noise_floor_pct else base
@@ -124,10 +123,10 @@ def with_entries(table: dict[str, Config], bucket: str, config: Config, splits: 
 
 def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = trial_pool,
            budget: int = BUDGET) -> Outcome:
-    op, variant = context.manifest.op, context.manifest.resolved_variant
-    file = tuning_file(op)
-    module = importlib.import_module(f"kernels.{op}.tuning")
-    space = load_space(context.root, op)
+    variant = context.manifest.resolved_variant
+    file = tuning_file(context.manifest)
+    module = tuning_module(context.root, context.manifest)
+    space = load_space(context.root, context.manifest)
     floor = load_rules().noise_floor_pct
     done: list[str] = context.scratch.setdefault("settled", [])
     for bucket, shapes in bucket_shapes(context, lambda s: module.buckets_for(dict(s.dims), variant)).items():

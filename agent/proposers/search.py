@@ -16,7 +16,6 @@ sees a Proposal with params.
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from agent.manifest import Manifest, ProposerConfig, SearchConfig
 from agent.proposers import Exhausted, Outcome, Proposed, Proposer, RoundContext
 from agent.proposers.retune import BUDGET, MeasureFactory, retune, trial_pool
 from agent.state import CampaignState, Proposal, RoundRecord
-from agent.tuning_table import read_tuning, rewrite_table, tuning_file
+from agent.tuning_table import read_tuning, rewrite_table, tuning_file, tuning_module
 from harness.errors import UserError
 
 # Knob families: a campaign works one direction at a time and switches on stagnation.
@@ -106,16 +105,21 @@ class SearchProposer(Proposer):
         return cls(config.algorithm)
 
     def check(self, manifest: Manifest) -> None:
-        if tuning_file(manifest.op) not in manifest.files:
-            raise UserError(f"the search proposer rewrites {tuning_file(manifest.op)}: keep it in mutable_files")
+        if manifest.external and manifest.tuned_table is None:
+            raise UserError("the search proposer rewrites a tuned table: an external target names it as tuned_table")
+        if tuning_file(manifest) not in manifest.files:
+            raise UserError(f"the search proposer rewrites {tuning_file(manifest)}: keep it in mutable_files")
+        if manifest.external and self.algorithm:
+            raise UserError(f"algorithm '{self.algorithm}' screens configs through turbo-opt's harness; an external "
+                            "target's search is the one-knob walk (leave algorithm out)")
 
     def candidates(self, context: RoundContext, direction: str) -> list[Proposal]:
         """Every untried one-step move of a knob of `direction` that fits the GPU (the tuning module's
         `fits`, e.g. shared memory), best expected gain first."""
-        op, variant = context.manifest.op, context.manifest.resolved_variant
-        file = tuning_file(op)
+        variant = context.manifest.resolved_variant
+        file = tuning_file(context.manifest)
         space, table = read_tuning(context.root / file)
-        module = importlib.import_module(f"kernels.{op}.tuning")
+        module = tuning_module(context.root, context.manifest)
         fits = getattr(module, "fits", lambda cfg: True)
         used = set().union(*(module.buckets_for(dict(s.dims), variant) for s in context.shapes))
         visited = tried_moves(context.history)
@@ -125,7 +129,7 @@ class SearchProposer(Proposer):
             learned_pct = learned_gains(context.tips, variant, shapes, table[bucket])
             for knob in DIRECTIONS[direction]:
                 allowed = space.get(knob, ())
-                current = table[bucket][knob]
+                current = table[bucket].get(knob)  # a table may tune only some knobs (an external one)
                 if current not in allowed:
                     continue
                 i = allowed.index(current)
