@@ -6,6 +6,7 @@ kernel-optimize's template field names with `git_commit: false` and `git_branch:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -194,3 +195,27 @@ def test_the_search_walks_an_external_targets_tuned_table(tmp_path):
     _, table = read_tuning(ext / "vecadd" / "tuning.py")
     knob, new = outcome.proposal.params["knob"], outcome.proposal.params["new"]
     assert table["vector"][knob] == new != {"BLOCK_N": 128, "num_warps": 4}[knob]
+
+
+def test_a_manual_campaign_on_an_external_repo_takes_a_submit_from_the_targets_checkout(tmp_path):
+    """The handoff works from the target's checkout: the request names TURBO_OPT_HOME, and `turbo-opt
+    submit` run there with it finds the campaign and judges the edit made there."""
+    home = clone_worktree(tmp_path / "home")
+    ext = make_external_repo(tmp_path / "ext")
+    manifest = {"campaign": "hand", "op": "axpy", "repo": str(ext), "kernel_source": ["vecadd/kernel.py"],
+                "test_command": "python -m pytest -q tests", "benchmark_command": "python bench.py {csv}",
+                "max_iterations": 1, "proposer": "manual"}
+    (tmp_path / "hand.yaml").write_text(yaml.safe_dump(manifest))
+    start(home, tmp_path / "hand.yaml")
+    request = (home / "campaigns/runs/hand/rounds/round-2/request.md").read_text()
+    assert f"TURBO_OPT_HOME={home} turbo-opt submit hand" in request
+    kernel = ext / "vecadd" / "kernel.py"
+    kernel.write_text(kernel.read_text().replace("alpha * x + y, mask", "alpha * x + y + 0.5, mask"))
+    submitted = subprocess.run(["turbo-opt", "submit", "hand", "--hypothesis", "a wrong kernel", "--json"], cwd=ext,
+                               env=os.environ | {"TURBO_OPT_HOME": str(home)}, capture_output=True, text=True,
+                               timeout=600)
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    decision = json.loads(submitted.stdout)["decision"]
+    assert decision["status"] == "ROLLBACK" and decision["reason"].startswith("focused test failed"), decision
+    assert "+ 0.5" not in kernel.read_text() and git.Repo(ext).active_branch.name == "optimize/hand"
+    assert_untouched(home)
