@@ -18,6 +18,7 @@ from agent.manifest import parse_manifest
 from agent.state import load_state
 from agent.template import from_template, metric_of, speedup_of
 from harness.errors import UserError
+from harness.files import REPO_ROOT
 from tests.clones import clone_worktree
 from tests.external_repo import SCHEMA, make_external_repo
 
@@ -219,3 +220,24 @@ def test_a_manual_campaign_on_an_external_repo_takes_a_submit_from_the_targets_c
     assert decision["status"] == "ROLLBACK" and decision["reason"].startswith("focused test failed"), decision
     assert "+ 0.5" not in kernel.read_text() and git.Repo(ext).active_branch.name == "optimize/hand"
     assert_untouched(home)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"benchmark_command": "exit 3 # {csv}"}, "benchmark exited 3"),
+    ({"benchmark_command": "true # {csv}"}, "wrote no CSV"),
+    ({"rebuild_command": "echo compiler says no; exit 2"}, "rebuild exited 2: compiler says no"),
+    ({"benchmark_command": "printf 'label,x\\nn,1\\n' > {csv}"}, "the benchmark's CSV"),
+])
+def test_a_target_benchmark_that_produces_nothing_usable_is_a_bench_error(tmp_path, change, message):
+    from agent.bench import BenchError, BenchRequest
+    from agent.processes import ChildRegistry
+    from agent.target import measure
+    from harness.meta import harness_hash
+
+    ext = make_external_repo(tmp_path / "ext")
+    manifest = parse_manifest({"campaign": "t", "op": "axpy", "repo": str(ext), "kernel_source": ["vecadd/kernel.py"],
+                               "benchmark_command": "python bench.py {csv}"} | change, "m.yaml")
+    request = BenchRequest(tmp_path / "shapes.yaml", tmp_path / "out.csv", tmp_path / "bench.log")
+    with pytest.raises(BenchError, match=message):
+        measure(manifest, ext, request, home=REPO_ROOT, expected_harness=harness_hash(), device="cpu",
+                registry=ChildRegistry(tmp_path / "children.json"))
