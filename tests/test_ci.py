@@ -57,3 +57,25 @@ def test_markdown_names_the_verdict(passed, tmp_path):
     text = markdown([Outcome(Baseline(tmp_path / "gemm.csv"), GateResult("step", 5.0, shapes, failures))],
                     "cpu-interpreter", "step", 5.0)
     assert ("**PASS**" if passed else "**FAIL**") in text and ("50.0% slower" in text) != passed
+
+
+def test_a_regression_is_judged_on_the_faster_of_two_runs_and_a_fail_always_stays(tmp_path):
+    from agent.ci import best_of
+    from harness.gate import compare
+    from harness.schema import GEMM, read_summary, write_summary
+    from tests.test_schema import gemm_row
+
+    def run(name, rates, checks=("PASS", "PASS", "PASS")):
+        rows = [gemm_row(label, check, fwd=r, bwd=r) for label, r, check in zip("abc", rates, checks, strict=True)]
+        return read_summary(write_summary(tmp_path / f"{name}.csv", GEMM, rows))
+
+    base = run("base", (100.0, 100.0, 100.0))
+    noisy = run("noisy", (93.0, 100.0, 100.0))  # one slow run of unchanged code
+    calm = run("calm", (99.0, 100.0, 100.0))
+    assert not compare(base, noisy).passed and compare(base, best_of(noisy, calm, "step")).passed
+    slowed = run("slowed", (60.0, 100.0, 100.0))  # a real regression reproduces
+    assert not compare(base, best_of(slowed, run("slowed2", (61.0, 100.0, 100.0)), "step")).passed
+    failed = run("failed", (100.0, 100.0, 100.0), ("PASS", "PASS", "FAIL"))
+    merged = best_of(noisy, failed, "step")
+    assert merged.checks()["c"] == "FAIL" and merged.labels == ["a", "b", "c"]
+    assert best_of(failed, calm, "step").checks()["c"] == "FAIL"
