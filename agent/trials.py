@@ -52,8 +52,8 @@ class TrialScores(BaseModel):
 def rate(result: ShapeResult, metric: Metric) -> float:
     """The shape's primary metric in work per millisecond (the unit cancels in every ratio)."""
     fwd_ms, bwd_ms = result.fwd.median_ms, result.bwd.median_ms
-    work = {"forward": (result.flops[0], fwd_ms), "backward": (result.flops[1], bwd_ms),
-            "step": (sum(result.flops), fwd_ms + bwd_ms)}[metric]
+    work = {"forward": (result.work[0], fwd_ms), "backward": (result.work[1], bwd_ms),
+            "step": (sum(result.work), fwd_ms + bwd_ms)}[metric]
     return work[0] / work[1] if work[1] > 0 else math.nan
 
 
