@@ -38,7 +38,15 @@ from agent.scoring import recorded_best, reproduction, score, stagnated
 from agent.screening import capture, screen
 from agent.standings import primary_vendor, standings, vendors
 from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
-from agent.target import benchmark_command, csv_schema, focused_test, measure, own_packages, shapes_of
+from agent.target import (
+    benchmark_command,
+    csv_schema,
+    focused_test,
+    import_roots,
+    measure,
+    own_packages,
+    shapes_of,
+)
 from agent.termination import Progress, stop_conditions, stop_reason
 from agent.validation import probe_seed, validate
 from harness.errors import UserError
@@ -444,8 +452,10 @@ class Campaign:
         if self.spec is None:
             description = f"an external kernel in {m.repo}: {', '.join(m.files)}"
             knowledge = general_knowledge(self.root, self.state.device, [m.backend])
-            check = benchmark_command(m, BenchRequest(self.run_dir / "representative.yaml", rd / "check.csv",
-                                                      rd / "check.log", scope="representative"))
+            roots = ":".join(str(r) for r in import_roots(self.checkout, m.files))
+            check = f"export PYTHONPATH={roots}${{PYTHONPATH:+:$PYTHONPATH}}; " + benchmark_command(
+                m, BenchRequest(self.run_dir / "representative.yaml", rd / "check.csv", rd / "check.log",
+                                scope="representative"))
         else:
             description = self.spec.description
             knowledge = applicable(self.root, m.op, self.state.device)  # the op's backends (Gluon too)

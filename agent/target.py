@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -53,19 +52,19 @@ def own_packages(checkout: Path, files: list[str]) -> frozenset[str]:
     return frozenset(top for rel in files if (top := _import_root(checkout, rel)[1]) is not None)
 
 
-def command_environment(checkout: Path, files: list[str], extra: Mapping[str, str] = {}) -> dict[str, str]:
+def command_environment(checkout: Path, files: list[str]) -> dict[str, str]:
     path = [*map(str, import_roots(checkout, files)), str(checkout), os.environ.get("PYTHONPATH", "")]
-    return os.environ | {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in path if p))} | dict(extra)
+    return os.environ | {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in path if p))}
 
 
 def run_shell(command: str, *, checkout: Path, files: list[str], log: Path, registry: ChildRegistry,
-              limit_s: float, extra_env: Mapping[str, str] = {}) -> int:
+              limit_s: float) -> int:
     """Run a target's command line in `checkout`, its output into `log`; raises TimeLimit past `limit_s`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         out.write(f"$ {command}\n")
         out.flush()
-        return run_child([SHELL, "-c", command], cwd=checkout, env=command_environment(checkout, files, extra_env),
+        return run_child([SHELL, "-c", command], cwd=checkout, env=command_environment(checkout, files),
                          log=out, registry=registry, limit_s=limit_s)
 
 
