@@ -52,6 +52,11 @@ def bench_command(manifest: Manifest, request: BenchRequest) -> list[str]:
     return cmd
 
 
+def checkout_environment(root: Path) -> dict[str, str]:
+    """This process's environment with `root` first on PYTHONPATH: a subprocess imports that checkout's code."""
+    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
 def run_bench(root: Path, manifest: Manifest, request: BenchRequest, harness_hash: str,
               registry: ChildRegistry) -> None:
     """Run the benchmark; raise BenchError unless it wrote a summary CSV made by the expected harness.
@@ -60,7 +65,7 @@ def run_bench(root: Path, manifest: Manifest, request: BenchRequest, harness_has
     manifest's compile limit and everything within compile + run limits; past either, its whole
     process group is killed.
     """
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env = checkout_environment(root)
     request.log.parent.mkdir(parents=True, exist_ok=True)
     request.summary_csv.unlink(missing_ok=True)
     progress = request.summary_csv.with_suffix(".progress")

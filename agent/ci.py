@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from agent.bench import checkout_environment
 from harness.errors import UserError
 from harness.gate import GateResult, compare
 from harness.meta import BenchMeta, read_meta, sidecar_path
@@ -77,8 +78,7 @@ def bench(root: Path, op: str, variant: str, dtype: str, timing: str | None, sha
                "--shapes", str(shapes_file), "--summary-csv", str(csv)]
     if timing in TIMING_MODES:
         command += ["--timing", timing]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=root, env=checkout_environment(root), capture_output=True, text=True)
     # Exit 1 is FAIL rows, which the gate reports; anything else wrote no trustworthy CSV.
     if done.returncode not in (0, 1) or not csv.exists():
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
