@@ -75,6 +75,10 @@ class SchemaDeclaration(BaseModel):
     def schema(self) -> CsvSchema:
         return CsvSchema(self.name, tuple(self.dims), self.metric, tuple(self.outputs))
 
+    @classmethod
+    def of(cls, schema: CsvSchema) -> SchemaDeclaration:
+        return cls(name=schema.name, dims=list(schema.dims), metric=schema.metric, outputs=list(schema.outputs))
+
 
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -218,6 +222,11 @@ class Manifest(BaseModel):
         return self.repo is not None
 
     @property
+    def in_workspace(self) -> bool:
+        """An external target worked on in a worktree of its repository inside the campaign dir."""
+        return self.repo is not None and self.execution_mode == "workspace"
+
+    @property
     def schema(self) -> CsvSchema | None:
         """The summary CSV schema the campaign reads (None: any declared one)."""
         if isinstance(self.csv_schema, SchemaDeclaration):
@@ -268,8 +277,8 @@ def parse_manifest(data: object, source: str, warn: Callable[[str], None] | None
     if is_template(data):
         assert isinstance(data, dict)
         data, notes = from_template(data, Path(source).parent if source.endswith((".yaml", ".yml")) else Path.cwd())
-        for note in notes:
-            (warn or (lambda _: None))(f"{source}: {note}")
+        for note in notes if warn else []:
+            warn(f"{source}: {note}")
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

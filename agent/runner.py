@@ -38,15 +38,7 @@ from agent.scoring import recorded_best, reproduction, score, stagnated
 from agent.screening import capture, screen
 from agent.standings import primary_vendor, standings, vendors
 from agent.state import CampaignState, Proposal, RoundRecord, Termination, load_state, save_state
-from agent.target import (
-    benchmark_command,
-    csv_schema,
-    focused_test,
-    import_roots,
-    measure,
-    own_packages,
-    shapes_of,
-)
+from agent.target import check_command, csv_schema, focused_test, measure, own_packages, shapes_of
 from agent.termination import Progress, stop_conditions, stop_reason
 from agent.validation import probe_seed, validate
 from harness.errors import UserError
@@ -171,7 +163,7 @@ class Campaign:
         m = self.manifest
         if m.repo is None:
             return self.root
-        return self.run_dir / "workspace" if m.execution_mode == "workspace" else m.repo
+        return self.run_dir / "workspace" if m.in_workspace else m.repo
 
     @functools.cached_property
     def lineage(self) -> Lineage:
@@ -335,8 +327,9 @@ class Campaign:
 
     def _prepare_environment(self) -> None:
         m = self.manifest
-        if m.external and m.execution_mode == "workspace" and not self.checkout.exists():
-            Lineage(m.repo).add_worktree(self.checkout, Lineage(m.repo).head())
+        if m.in_workspace and not self.checkout.exists():
+            repo = Lineage(m.repo)
+            repo.add_worktree(self.checkout, repo.head())
         if not self.state.start_commit:
             self.lineage.ensure_clean()
             self.state.start_commit = self.lineage.head()
@@ -392,16 +385,12 @@ class Campaign:
             shapes = shapes_of(summary.labels, dims)
             write_shape_file(self.run_dir / "shapes.yaml", shapes)
         if self.manifest.external and self.manifest.csv_schema is None:  # freeze the header the baseline wrote
-            s = summary.schema
-            declared = SchemaDeclaration(name=s.name, dims=list(s.dims), metric=s.metric, outputs=list(s.outputs))
-            self.manifest = self.manifest.model_copy(update={"csv_schema": declared})
-            self.state.manifest = self.manifest
+            self._amend_manifest(csv_schema=SchemaDeclaration.of(summary.schema))
         self._forward_only(summary)
         flops = dict(zip(summary.labels, summary.metric("forward") * summary.frame.set_index("label")[
             summary.schema.fwd_ms] * 1e9, strict=True))
         reps = self.manifest.representative_shapes or pick_representative(shapes, flops)
-        self.manifest = self.manifest.model_copy(update={"representative_shapes": reps})
-        self.state.manifest = self.manifest
+        self._amend_manifest(representative_shapes=reps)
         write_manifest(self.manifest, self.run_dir / "manifest.yaml")
         write_shape_file(self.run_dir / "representative.yaml", [s for s in shapes if s.label in reps])
         metric = self.manifest.primary_metric
@@ -418,6 +407,11 @@ class Campaign:
         self.state.round = 2
         self.state.phase = "ANALYZE"
 
+    def _amend_manifest(self, **update: object) -> None:
+        """What BASELINE learned, into the campaign's authoritative manifest (state.json's)."""
+        self.manifest = self.manifest.model_copy(update=update)
+        self.state.manifest = self.manifest
+
     def _forward_only(self, summary: Summary) -> None:
         """A kernel with no backward (no backward time in any row) is scored on its forward, with a note."""
         m = self.manifest
@@ -425,8 +419,7 @@ class Campaign:
             return
         note = (f"{m.op} has no backward (the baseline times none): scored on the forward, not the "
                 f"{m.primary_metric} the manifest asked for")
-        self.manifest = m.model_copy(update={"primary_metric": "forward"})
-        self.state.manifest = self.manifest
+        self._amend_manifest(primary_metric="forward")
         self.state.notes.append(note)
         self.say(f"[yellow]{note}[/]")
 
@@ -452,10 +445,8 @@ class Campaign:
         if self.spec is None:
             description = f"an external kernel in {m.repo}: {', '.join(m.files)}"
             knowledge = general_knowledge(self.root, self.state.device, [m.backend])
-            roots = ":".join(str(r) for r in import_roots(self.checkout, m.files))
-            check = f"export PYTHONPATH={roots}${{PYTHONPATH:+:$PYTHONPATH}}; " + benchmark_command(
-                m, BenchRequest(self.run_dir / "representative.yaml", rd / "check.csv", rd / "check.log",
-                                scope="representative"))
+            check = check_command(m, self.checkout, BenchRequest(
+                self.run_dir / "representative.yaml", rd / "check.csv", rd / "check.log", scope="representative"))
         else:
             description = self.spec.description
             knowledge = applicable(self.root, m.op, self.state.device)  # the op's backends (Gluon too)
@@ -629,18 +620,19 @@ class Campaign:
         m = self.manifest
         best_files = {path: self.lineage.show(self.state.best_commit, path) for path in m.files}
         changed = [p for p in m.files if best_files[p] != self.lineage.show(self.state.start_commit, p)]
-        workspace = m.repo is not None and m.execution_mode == "workspace"
         repo = Lineage(m.repo) if m.repo is not None else self.lineage
-        if workspace:
+        rounds = f"branch {self.state.branch}"
+        if m.in_workspace:
             repo.remove_worktree(self.checkout)
         if not m.git_commit:
-            ref = f"refs/turbo-opt/{m.name}"
-            if not workspace:
+            rounds = f"refs/turbo-opt/{m.name}"
+            if not m.in_workspace:
                 repo.switch(self.state.start_branch or self.state.start_commit)
-            repo.keep_as_ref(self.state.branch, ref)
-            self.state.notes.append(f"git_commit false: the campaign's commits are kept under {ref}, not on a branch")
-        if workspace:
-            self.state.notes.append(self._sync_back(repo, best_files, changed))
+            repo.keep_as_ref(self.state.branch, rounds)
+            self.state.notes.append(f"git_commit false: the campaign's commits are kept under {rounds}, not on a "
+                                    "branch")
+        if m.in_workspace:
+            self.state.notes.append(self._sync_back(repo, best_files, changed, rounds))
         elif not m.git_commit and changed:
             for path in changed:
                 atomic_write_text(self.lineage.root / path, best_files[path])
@@ -649,18 +641,19 @@ class Campaign:
         self.state.handed_back = True
         self.save()
 
-    def _sync_back(self, repo: Lineage, best_files: dict[str, str], changed: list[str]) -> str:
-        """Write the best files into the target's own checkout, unless someone changed them there meanwhile."""
+    def _sync_back(self, repo: Lineage, best_files: dict[str, str], changed: list[str], rounds: str) -> str:
+        """Write the best files into the target's own checkout, unless someone changed them there meanwhile;
+        `rounds` says where the campaign's commits are (a branch, or a ref with git_commit false)."""
         if not changed:
             return f"workspace mode: no file of the best differs from the start; {repo.root} is as it was"
         edited = [p for p in changed if (repo.root / p).read_text() != repo.show(self.state.start_commit, p)]
         if edited:
             return (f"workspace mode: NOT synced back: {', '.join(edited)} changed in {repo.root} during the "
-                    f"campaign; the best is on branch {self.state.branch} (commit {self.state.best_commit[:10]})")
+                    f"campaign; the best is commit {self.state.best_commit[:10]} on {rounds}")
         for path in changed:
             atomic_write_text(repo.root / path, best_files[path])
         return (f"workspace mode: the best version of {', '.join(changed)} synced into {repo.root} (uncommitted; "
-                f"the rounds are on branch {self.state.branch})")
+                f"the rounds are on {rounds})")
 
     def _check_reproduction(self, final_dir: Path) -> None:
         """Do the accepted gains hold in a final bench of the best next to the start commit (paired, so a

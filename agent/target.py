@@ -125,6 +125,13 @@ def benchmark_command(manifest: Manifest, request: BenchRequest) -> str:
         SHAPES_PLACEHOLDER, str(request.shapes_file))
 
 
+def check_command(manifest: Manifest, checkout: Path, request: BenchRequest) -> str:
+    """The benchmark command for a person or an agent to run by hand in the checkout, with the import roots
+    the runner's own commands get (command_environment)."""
+    roots = ":".join(str(r) for r in import_roots(checkout, manifest.files))
+    return f"export PYTHONPATH={roots}${{PYTHONPATH:+:$PYTHONPATH}}; {benchmark_command(manifest, request)}"
+
+
 def measure(manifest: Manifest, checkout: Path, request: BenchRequest, *, home: Path, expected_harness: str,
             device: str, registry: ChildRegistry) -> None:
     """Run the target's benchmark on the checkout; raise BenchError unless it wrote a summary CSV of the
