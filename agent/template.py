@@ -28,6 +28,8 @@ SAME = ("kernel_source", "test_command", "benchmark_command", "quick_command", "
 RENAMED = {"target_op": "op", "target_gpu": "gpu"}
 # Recorded for the report; turbo-opt has nothing to do with them.
 KEPT = ("target_lang", "project_skill", "created")
+# Translated by from_template, each in its own way.
+TRANSLATED = ("target_backend", "primary_metric", "performance_target", "target_shapes", "git_branch")
 METRIC = re.compile(r"^\s*(forward|backward|combined step|step)\s+(tflops|gb/s)\s*$", re.IGNORECASE)
 SPEEDUP = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*x|\+?(\d+(?:\.\d+)?)\s*%)\s*$", re.IGNORECASE)
 
@@ -107,8 +109,7 @@ def from_template(data: dict[str, Any], manifest_dir: Path) -> tuple[dict[str, A
     if "git_branch" in data:
         branch = data["git_branch"]
         out["branch"] = "none" if branch in (None, False) or str(branch).lower() == "none" else str(branch)
-    unknown = sorted(set(data) - set(SAME) - set(RENAMED) - set(KEPT)
-                     - {"target_backend", "primary_metric", "performance_target", "target_shapes", "git_branch"})
+    unknown = sorted(set(data) - set(SAME) - set(RENAMED) - set(KEPT) - set(TRANSLATED))
     for key in unknown:
         metadata[key] = data[key]
     if unknown:
