@@ -1,6 +1,7 @@
 """Trials fanned out over every visible GPU: one worker process per GPU (`python -m agent.trials`
 with CUDA_VISIBLE_DEVICES set to its GPU), each with a share of a batch's configs. One GPU, or
-none (the CPU interpreter): one worker, as before.
+none (the CPU interpreter): one worker. A worker serves every batch of the pool (a search's), and
+the pool ends them when it is closed (it is a context manager).
 
 A batch's first config is the one the others are compared with (the search algorithms measure the
 config they start from first in every batch). Each worker measures it next to its own share, and
@@ -9,7 +10,7 @@ ever compared with one taken on the same GPU. The first config scores 1.0.
 
 A worker that hangs past its time limit or dies costs the configs it had not finished a NaN (an
 ERROR in the search's eyes), never the campaign; its whole process group is killed
-(agent/processes.py), so nothing it started outlives it.
+(agent/processes.py), so nothing it started outlives it, and the next batch starts it afresh.
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 
 import torch
 
 from agent.config_space import Config
-from agent.processes import ChildRegistry, TimeLimit, run_child
-from agent.trials import TrialJob, TrialScores
+from agent.processes import ChildDied, ChildRegistry, ServingChild, TimeLimit
+from agent.trials import DONE, TrialJob, TrialScores
 from harness.files import REPO_ROOT, atomic_write_text
 
 
@@ -47,25 +52,48 @@ def shares(n_configs: int, workers: int) -> list[list[int]]:
 
 
 class TrialPool:
-    """The search's `Measure`: (configs, fidelity) -> a score per config, relative to the first one."""
+    """The search's `Measure`: (configs, fidelity) -> a score per config, relative to the first one.
+    Use it in a `with` block: its workers live until the block ends."""
 
     def __init__(self, root: Path, job: TrialJob, work_dir: Path, registry: ChildRegistry, *,
                  workers: Sequence[str | None] | None = None, limit_s: float = 900.0,
                  command: Sequence[str] = (sys.executable, "-m", "agent.trials")) -> None:
         self.root, self.job, self.work_dir, self.registry = root, job, work_dir, registry
-        self.workers = list(workers) if workers is not None else visible_gpus()
+        self.gpus = list(workers) if workers is not None else visible_gpus()
         self.limit_s, self.command = limit_s, list(command)
         self.batches = 0
         # why each failed config failed, by its position in the last batch (also written next to its trials)
         self.errors: dict[int, str] = {}
+        # each batch's wall time, seconds (its workers run side by side)
+        self.batch_seconds: list[float] = []
+        self._children: list[ServingChild | None] = [None] * len(self.gpus)
+        self._logs = ExitStack()
+
+    def __enter__(self) -> TrialPool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End every worker (and its process group)."""
+        for child in self._children:
+            if child is not None:
+                child.close()
+        self._children = [None] * len(self.gpus)
+        self._logs.close()
 
     def __call__(self, configs: Sequence[Config], fidelity: int) -> list[float]:
         self.batches += 1
         self.errors = {}
-        dealt = shares(len(configs), len(self.workers))
+        dealt = shares(len(configs), len(self.gpus))
         repeats = self.job.repeats * fidelity
+        started = time.monotonic()
+        for w in range(len(dealt)):
+            self._child(w).start()  # here, not in the pool's threads, which end with the batch
         with ThreadPoolExecutor(len(dealt)) as pool:
             found = list(pool.map(lambda w: self._worker(w, [0, *dealt[w]], configs, repeats), range(len(dealt))))
+        self.batch_seconds.append(time.monotonic() - started)
         if self.errors:
             failed = {json.dumps(configs[i], sort_keys=True): e for i, e in sorted(self.errors.items())}
             atomic_write_text(self.work_dir / f"trials-{self.batches}.errors.json", json.dumps(failed, indent=1) + "\n")
@@ -77,6 +105,19 @@ class TrialPool:
                 scores[i] = raw / ref if ref > 0 and math.isfinite(ref) else math.nan
         return scores
 
+    def _child(self, w: int) -> ServingChild:
+        """Worker `w`, made on first use: its GPU, and the campaign's tree first on its path (its kernels),
+        then turbo-opt's own (the trial worker, the harness). Its log spans the pool's batches."""
+        if self._children[w] is None:
+            path = [str(self.root), str(REPO_ROOT), os.environ.get("PYTHONPATH")]
+            env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+            if self.gpus[w] is not None:
+                env["CUDA_VISIBLE_DEVICES"] = self.gpus[w]
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            log: IO[str] = self._logs.enter_context((self.work_dir / f"worker-{w}.log").open("a"))
+            self._children[w] = ServingChild(self.command, cwd=self.root, env=env, log=log, registry=self.registry)
+        return self._children[w]
+
     def _worker(self, w: int, indices: list[int], configs: Sequence[Config], repeats: int) -> list[float]:
         """Run worker `w` on `indices` of the batch; a score per index (NaN where it failed or never got to)."""
         stem = self.work_dir / f"trials-{self.batches}-w{w}"
@@ -85,20 +126,12 @@ class TrialPool:
         job_path, out = stem.with_suffix(".job.json"), stem.with_suffix(".scores.json")
         job_path.write_text(job.model_dump_json())
         out.unlink(missing_ok=True)
-        gpu = self.workers[w]
-        # the campaign's tree first (its kernels), then turbo-opt's own (the trial worker, the harness)
-        path = [str(self.root), str(REPO_ROOT), os.environ.get("PYTHONPATH")]
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
         problem = None
-        with stem.with_suffix(".log").open("w") as log:
-            try:
-                code = run_child([*self.command, str(job_path), str(out)], cwd=self.root, env=env, log=log,
-                                 registry=self.registry, limit_s=self.limit_s)
-                problem = f"worker {w} exited {code}" if code else None
-            except TimeLimit as exc:
-                problem = f"worker {w} {exc}"
+        try:
+            answer = self._child(w).request(f"{job_path} {out}", self.limit_s)
+            problem = None if answer == DONE else f"worker {w} answered {answer[:80]!r}"
+        except (TimeLimit, ChildDied) as exc:
+            problem = f"worker {w} {exc}"
         done = TrialScores.model_validate_json(out.read_text()) if out.exists() else TrialScores()
         for i, error in zip(indices, done.errors, strict=False):
             if error:

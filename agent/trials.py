@@ -1,29 +1,38 @@
 """Trials: many configs of one tuned-table bucket measured quickly in one process, the search's cheap
 first look before a round's full VALIDATE (which only the winner gets).
 
-`python -m agent.trials JOB.json SCORES.json` sets the op's TUNED_TABLE[bucket] to each config in
-turn (in memory: the op reads its table at every call) and runs the harness's bench on the job's
-shapes with its basic checks (a config that computes wrong scores NaN) and few repeats. The score
-is the geomean over the shapes of the primary metric; SCORES.json is rewritten after every config,
-so a worker that is killed or dies still hands back the scores it finished.
+`python -m agent.trials` serves jobs, one a line on stdin ("JOB.json SCORES.json"), answering each
+with "done" on stdout once SCORES.json holds its scores: a worker lives across the batches of a
+search (agent/trial_pool.py), so it starts Python, torch and the CUDA context once, and makes each
+shape's inputs and float64 reference once (harness `Screen`). A job sets the op's
+TUNED_TABLE[bucket] to each config in turn (in memory: the op reads its table at every call) and
+checks and times our runner on the job's shapes with the job's repeats (a config that computes
+wrong scores NaN). The score is the geomean over the shapes of the primary metric; SCORES.json is
+rewritten after every config, so a worker that is killed or dies still hands back the scores it
+finished.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
+import time
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.manifest import Metric
 from harness.files import atomic_write_text
-from harness.quick_test_bench import ShapeResult, run_bench
+from harness.quick_test_bench import Screen, ShapeResult, prepare_bench
 from harness.registry import get_spec
 from harness.schema import PASS
 from harness.shapes import Shape
 from harness.stats import geomean
+
+DONE = "done"
 
 
 class TrialJob(BaseModel):
@@ -39,14 +48,20 @@ class TrialJob(BaseModel):
     # timed calls per config at the lowest fidelity (the search multiplies it)
     repeats: int = Field(ge=1)
 
+    def screen_key(self) -> str:
+        """What a worker's Screen is made for: jobs alike in this share its inputs and references."""
+        return self.model_dump_json(include={"op", "variant", "dtype", "shapes"})
+
 
 class TrialScores(BaseModel):
-    """One score per config of the job, in order, for the configs measured so far (NaN: it failed)."""
+    """One score per config of the job, in order, for the configs measured so far (NaN: it failed), and the
+    seconds each took (its compile, check and timing)."""
 
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
     scores: list[float] = []
     errors: list[str | None] = []
+    seconds: list[float] = []
 
 
 def rate(result: ShapeResult, metric: Metric) -> float:
@@ -57,34 +72,57 @@ def rate(result: ShapeResult, metric: Metric) -> float:
     return work[0] / work[1] if work[1] > 0 else math.nan
 
 
-def run_trials(job: TrialJob, out: Path) -> TrialScores:
+def make_screen(job: TrialJob) -> Screen:
+    return Screen(prepare_bench(get_spec(job.op), job.shapes, shapes_source=f"trials of {job.bucket}",
+                                dtype=job.dtype, variant=job.variant, checks="basic"))
+
+
+def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialScores:
     table = importlib.import_module(f"kernels.{job.op}.tuning").TUNED_TABLE
-    spec = get_spec(job.op)
+    screen = screen or make_screen(job)
     found = TrialScores()
     original = table[job.bucket]
     for cfg in job.configs:
+        started = time.monotonic()
         table[job.bucket] = original | cfg
         try:
-            run = run_bench(spec, job.shapes, shapes_source=f"trial of {job.bucket}", dtype=job.dtype,
-                            variant=job.variant, repeats=job.repeats, checks="basic")
-            failed = [r for r in run.ours if r.check != PASS]
+            results = screen.measure(job.repeats)
+            failed = [r for r in results if r.check != PASS]
             error = f"{failed[0].shape.label}: {failed[0].error or 'check FAIL'}" if failed else None
-            score = math.nan if failed else geomean(rate(r, job.metric) for r in run.ours)
+            score = math.nan if failed else geomean(rate(r, job.metric) for r in results)
         except Exception as exc:  # a config the compiler or the launcher refuses: this config fails, not the job
             score, error = math.nan, f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             table[job.bucket] = original
         found.scores.append(score)
         found.errors.append(error)
+        found.seconds.append(round(time.monotonic() - started, 3))
         atomic_write_text(out, found.model_dump_json())
     return found
 
 
-def main(argv: list[str]) -> int:
-    job_path, out = Path(argv[0]), Path(argv[1])
-    run_trials(TrialJob.model_validate_json(job_path.read_text()), out)
+def serve(requests: TextIO, answers: TextIO) -> None:
+    """Run each job named on `requests` until it closes, answering DONE for each on `answers`."""
+    screens: dict[str, Screen] = {}
+    for line in requests:
+        job_path, out = (Path(p) for p in line.split())
+        job = TrialJob.model_validate_json(job_path.read_text())
+        key = job.screen_key()
+        if key not in screens:
+            screens = {key: make_screen(job)}  # one set of inputs and references on the GPU at a time
+        run_trials(job, out, screens[key])
+        answers.write(DONE + "\n")
+        answers.flush()
+
+
+def main() -> int:
+    # The answers get a stdout of their own; whatever the kernels, the compiler or the harness print goes to
+    # stderr (the worker's log) and cannot be taken for an answer.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(sys.stdin, answers)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -289,7 +289,7 @@ def _time_fresh(spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors,
 def run_runner(
     spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
     dims: dict[str, int], timer: Timer, extra_checks: Sequence[Problem] = (), fresh_sets: int = 0,
-    full_checks: bool = False,
+    full_checks: bool = False, recheck: bool = True,
 ) -> ShapeResult:
     """Check one runner on one shape, time fwd and bwd, then check again.
 
@@ -305,6 +305,9 @@ def run_runner(
     of the timed calls (into buffers of finite garbage, and of the last fresh set); and two training
     steps through the autograd API (`_check_training`), after timing so that a verdict on the timed
     calls does not depend on what the allocator handed the training step.
+
+    `recheck` False skips the check on refilled inputs (a `Screen`'s inputs must keep the values its
+    reference is of).
     """
     work = work_of(spec, problem)
     backward = runner.backward
@@ -338,7 +341,7 @@ def run_runner(
             if checking:
                 _expect_right(outputs, spec.reference(last), checked, formats, "timed output (last fresh input set)")
             del last  # an input set's memory, before the references below
-        if not failing:
+        if recheck and not failing:
             _refill_in_place(spec, problem, inputs)
             recheck = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), outputs, checked,
                                               watch_threads=full_checks), formats)
@@ -368,11 +371,15 @@ def skew_checks(problem: Problem) -> list[Problem]:
     return [dataclasses.replace(problem, group_lens=tuple(s)) for s in splits if tuple(s) != tuple(lens)]
 
 
+def _problem(run: BenchRun, shape: Shape) -> Problem:
+    return Problem(dims=run.dims[shape.label], dtype=run.dtype, device=run.timer.device,
+                   seed=shape_seed(run.seed, shape.label), group_lens=shape.group_lens, variant=run.variant)
+
+
 def run_shape(run: BenchRun, shape: Shape) -> dict[str, ShapeResult]:
     """Every runner on one shape, all on the same inputs and reference."""
     spec, dims = run.spec, run.dims[shape.label]
-    problem = Problem(dims=dims, dtype=run.dtype, device=run.timer.device, seed=shape_seed(run.seed, shape.label),
-                      group_lens=shape.group_lens, variant=run.variant)
+    problem = _problem(run, shape)
     try:
         inputs = spec.make_inputs(problem)
         ref = spec.reference(inputs)
@@ -424,6 +431,42 @@ def check_probe(run: BenchRun, probe: Probe) -> str | None:
     except Exception as exc:  # a probe that raises fails like a shape, and the run goes on
         return _describe(exc)
     return None
+
+
+class Screen:
+    """Our runner measured again and again on the same shapes (the search's trials: one tuned-table config
+    after another): each shape's inputs and float64 reference are made once, at its first `measure`; each
+    `measure` checks the outputs (poisoned first, inputs unchanged, SNR) and times forward and backward.
+
+    A first look, never a verdict: the skewed splits, the recheck on refilled inputs and the full checks
+    are for the bench a campaign validates its candidate with.
+    """
+
+    def __init__(self, run: BenchRun) -> None:
+        self.run = run
+        self._prepared: dict[str, tuple[Problem, Tensors, Tensors]] = {}
+
+    def _prepare(self, shape: Shape) -> tuple[Problem, Tensors, Tensors]:
+        if shape.label not in self._prepared:
+            problem = _problem(self.run, shape)
+            inputs = self.run.spec.make_inputs(problem)
+            self._prepared[shape.label] = problem, inputs, self.run.spec.reference(inputs)
+        return self._prepared[shape.label]
+
+    def measure(self, repeats: int) -> list[ShapeResult]:
+        """One ShapeResult per shape, each timed with `repeats` calls per pass."""
+        run, results = self.run, []
+        run.timer.repeats = repeats
+        for shape in run.shapes:
+            dims = run.dims[shape.label]
+            try:
+                problem, inputs, ref = self._prepare(shape)
+            except Exception as exc:  # as in run_shape: the shape fails, the others are measured
+                results.append(_failed(shape, dims, _describe(exc), (math.nan, math.nan)))
+                continue
+            results.append(run_runner(run.spec, run.spec.runner, problem, inputs, ref, shape, dims, run.timer,
+                                      recheck=False))
+        return results
 
 
 def prepare_bench(

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Issue 19 on one GPU: the retune search from a detuned grouped_gemm_fp8 table (e4m3-rowwise, headline),
-# then one bench of the hand-tuned table and of the campaign's best in the same call. Each part fits one
-# device call (under 10 minutes); carry .whl (pydantic, gitpython). Results land in $OUT/results.tgz.
-#   scripts/gpu_search.sh campaign [algorithm]   # default halving; about 8 minutes of rounds
+# Issues 19 and 20: the retune search from a detuned grouped_gemm_fp8 table (e4m3-rowwise, headline),
+# then one bench of the hand-tuned table and of the campaign's best in the same call; one screening round
+# on 1 GPU and on 2. Each part fits one device call (under 10 minutes); carry .whl (pydantic, gitpython).
+# Results land in $OUT/results.tgz. GPUS=0 (a CUDA_VISIBLE_DEVICES list) keeps a campaign to those GPUs.
+#   scripts/gpu_search.sh campaign [algorithm]   # default halving; MINUTES (default 6) of rounds
 #   scripts/gpu_search.sh resume                 # the same campaign, on the same (still warm) machine
 #   scripts/gpu_search.sh bench [TABLE]          # hand-tuned vs the campaign's best (TABLE: its tuning.py,
 #                                                # as the campaign call returned it in best-tuning.py), one call
+#   scripts/gpu_search.sh screening              # the GPU tests of the trial pool, then one round's search
+#                                                # (halving, dgrad/large from the detuned config) on 1 GPU and 2
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
 TUNING=kernels/grouped_gemm_fp8/tuning.py
 NAME=detuned-search
 git_snapshot
+[ -n "${GPUS:-}" ] && export CUDA_VISIBLE_DEVICES=$GPUS
 case "${1:-campaign}" in
+  screening)
+    step gpu-tests 240 python3 -m pytest -m gpu -q tests/test_trial_pool.py
+    step screening 540 python3 benchmarks/screening.py --gpus 1 --gpus 2 --csv "$WORK/screening.csv"
+    ;;
   campaign)
     git tag -f hand-tuned > /dev/null
     python3 - "$TUNING" <<'PY'

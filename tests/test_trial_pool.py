@@ -1,37 +1,52 @@
 """Trials fanned out over N workers (simulated GPUs on the CPU): each worker's scores over its own
-measurement of the reference config; a worker that hangs or dies costs its configs a NaN, and leaves
-nothing running."""
+measurement of the reference config; a worker serves every batch of its pool; one that hangs or dies
+costs its configs a NaN, leaves nothing running, and is started afresh for the next batch."""
 
+import dataclasses
+import io
 import json
 import math
+import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
+
+from agent import trials
 from agent.processes import ChildRegistry
-from agent.trial_pool import TrialPool, shares
+from agent.trial_pool import TrialPool, shares, visible_gpus
 from agent.trials import TrialJob, run_trials
 from harness.files import REPO_ROOT
+from harness.quick_test_bench import Screen, prepare_bench
+from harness.registry import get_spec
 from harness.shapes import Shape
 from kernels.gemm import tuning as gemm_tuning
-from tests.test_processes import wait_dead
+from tests.test_processes import alive, wait_dead
 
-# A stand-in worker: "GPU" k runs (1 + k/10) times as fast; BLOCK_M 999 hangs (after starting a grandchild),
-# GROUP_M -1 dies. It writes its scores after every config, as agent.trials does.
+# A stand-in worker serving jobs as agent.trials does (one "JOB SCORES" line in, "done" out, its scores
+# written after every config): "GPU" k runs (1 + k/10) times as fast; BLOCK_M 999 hangs (after starting a
+# grandchild), GROUP_M -1 dies. It notes its pid once, when it starts.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, subprocess, sys, time
-    job = json.load(open(sys.argv[1]))
-    speed = 1 + int(os.environ["CUDA_VISIBLE_DEVICES"]) / 10
-    found = {"scores": [], "errors": []}
-    for cfg in job["configs"]:
-        if cfg["BLOCK_M"] == 999:
-            grandchild = subprocess.Popen(["sleep", "600"])
-            open(os.path.join(os.path.dirname(sys.argv[2]), "grandchild"), "w").write(str(grandchild.pid))
-            time.sleep(600)
-        if cfg["GROUP_M"] == -1:
-            os._exit(3)
-        found["scores"].append(cfg["BLOCK_M"] * speed)
-        found["errors"].append(None)
-        json.dump(found, open(sys.argv[2], "w"))
+    gpu = os.environ["CUDA_VISIBLE_DEVICES"]
+    starts = os.path.join(os.environ["FAKE_DIR"], "starts-" + gpu)
+    open(starts, "a").write(f"{os.getpid()}\\n")
+    for line in sys.stdin:
+        job_path, out = line.split()
+        job = json.load(open(job_path))
+        found = {"scores": [], "errors": []}
+        for cfg in job["configs"]:
+            if cfg["BLOCK_M"] == 999:
+                grandchild = subprocess.Popen(["sleep", "600"])
+                open(os.path.join(os.environ["FAKE_DIR"], "grandchild"), "w").write(str(grandchild.pid))
+                time.sleep(600)
+            if cfg["GROUP_M"] == -1:
+                os._exit(3)
+            found["scores"].append(cfg["BLOCK_M"] * (1 + int(gpu) / 10))
+            found["errors"].append(None)
+            json.dump(found, open(out, "w"))
+        print("done", flush=True)
 """)
 SHAPE = Shape(label="t", dims={"B": 1, "M": 64, "N": 64, "K": 64})
 
@@ -45,24 +60,92 @@ def config(block_m: int, group_m: int = 8) -> dict[str, int]:
     return {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m, "num_warps": 4, "num_stages": 2}
 
 
+def fake_pool(tmp_path, monkeypatch, gpus: list[str]) -> TrialPool:
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    registry = ChildRegistry(tmp_path / "children.json")
+    return TrialPool(REPO_ROOT, job(), tmp_path, registry, workers=gpus, limit_s=5,
+                     command=[sys.executable, "-u", "-c", FAKE_WORKER])
+
+
+def starts(tmp_path, gpu: str) -> list[int]:
+    path = tmp_path / f"starts-{gpu}"
+    return [int(pid) for pid in path.read_text().split()] if path.exists() else []
+
+
 def test_configs_are_dealt_round_robin_and_the_reference_goes_to_every_worker():
     assert shares(7, 3) == [[1, 4], [2, 5], [3, 6]]
     assert shares(3, 8) == [[1], [2]] and shares(1, 4) == [[]]
 
 
-def test_n_workers_each_score_against_their_own_reference_and_a_hung_or_dead_one_costs_only_its_configs(tmp_path):
+def test_n_workers_each_score_against_their_own_reference_and_a_hung_or_dead_one_costs_only_its_configs(
+        tmp_path, monkeypatch):
+    with fake_pool(tmp_path, monkeypatch, ["0", "1", "2"]) as pool:
+        batch = [config(64), config(128), config(32), config(256), config(999), config(16, group_m=-1),
+                 config(64, 4)]
+        scores = pool(batch, 1)
+        # worker 0: 128, 999 (hangs); worker 1: 32, 16 (dies); worker 2: 256, 64
+        assert scores[0] == 1.0 and scores[1] == 2.0 and scores[2] == 0.5 and scores[3] == 4.0 and scores[6] == 1.0
+        assert math.isnan(scores[4]) and math.isnan(scores[5])
+        assert "limit of 5 s" in pool.errors[4] and pool.errors[5] == "worker 1 exited 3"
+        written = json.loads((tmp_path / "trials-1.errors.json").read_text())
+        assert list(written.values()) == [pool.errors[4], pool.errors[5]]
+        assert wait_dead(int((tmp_path / "grandchild").read_text()))
+        assert [len(starts(tmp_path, g)) for g in "012"] == [1, 1, 1]
+        # the next batch: the killed and the dead worker start afresh, the third serves it as it did the first
+        assert pool([config(64), config(128), config(32), config(256)], 2) == [1.0, 2.0, 0.5, 4.0]
+        assert [len(starts(tmp_path, g)) for g in "012"] == [2, 2, 1] and pool.errors == {}
+        serving = [starts(tmp_path, g)[-1] for g in "012"]
+        assert all(alive(pid) for pid in serving)
+    assert all(wait_dead(pid) for pid in serving)  # the pool's end is its workers'
+    assert json.loads((tmp_path / "children.json").read_text()) == []
+    assert len(pool.batch_seconds) == 2
+
+
+def test_a_worker_serves_every_batch_of_its_pool_with_one_screen(monkeypatch, tmp_path):
+    """agent.trials' serving loop in-process: one Screen (inputs and references) for jobs on the same shapes,
+    a new one for other shapes."""
+    made = []
+    real = trials.make_screen
+    monkeypatch.setattr(trials, "make_screen", lambda j: made.append(j.shapes[0].label) or real(j))
+    jobs = [job(configs=[config(32)]), job(configs=[config(64)], repeats=2),
+            job(configs=[config(32)], shapes=[SHAPE.model_copy(update={"label": "u"})])]
+    lines = []
+    for i, j in enumerate(jobs):
+        (tmp_path / f"{i}.json").write_text(j.model_dump_json())
+        lines.append(f"{tmp_path / f'{i}.json'} {tmp_path / f'{i}.scores.json'}\n")
+    answers = io.StringIO()
+    trials.serve(io.StringIO("".join(lines)), answers)
+    assert answers.getvalue() == "done\ndone\ndone\n" and made == ["t", "u"]
+    assert all(json.loads((tmp_path / f"{i}.scores.json").read_text())["scores"][0] > 0 for i in range(3))
+
+
+def test_a_screen_makes_each_reference_once_and_still_fails_a_wrong_result():
+    spec = get_spec("gemm")
+    references = []
+    counted = dataclasses.replace(spec, reference=lambda inputs: references.append(1) or spec.reference(inputs))
+    screen = Screen(prepare_bench(counted, [SHAPE], shapes_source="test", dtype="fp16", checks="basic"))
+    assert [r.check for r in screen.measure(1)] == ["PASS"] and [r.check for r in screen.measure(2)] == ["PASS"]
+    assert len(references) == 1
+
+    def halved(problem, inputs, outputs):
+        spec.runner.forward(problem, inputs, outputs)
+        outputs["out"].mul_(0.5)
+    screen.run.spec = dataclasses.replace(counted, runner=dataclasses.replace(spec.runner, forward=halved))
+    wrong = screen.measure(1)[0]
+    assert wrong.check == "FAIL" and len(references) == 1
+
+
+def test_a_real_worker_serves_two_batches_and_its_prints_stay_out_of_its_answers(tmp_path):
+    """agent.trials' main under the interpreter, through the pool, with a job that prints as a compiler
+    might: the print goes to the worker's log, the answers still reach the pool."""
+    chatty = ("import sys; from agent import trials; real = trials.run_trials; "
+              "trials.run_trials = lambda *a: print('compiler chatter') or real(*a); sys.exit(trials.main())")
     registry = ChildRegistry(tmp_path / "children.json")
-    pool = TrialPool(REPO_ROOT, job(), tmp_path, registry, workers=["0", "1", "2"], limit_s=5,
-                     command=[sys.executable, "-c", FAKE_WORKER])
-    batch = [config(64), config(128), config(32), config(256), config(999), config(16, group_m=-1), config(64, 4)]
-    scores = pool(batch, 1)
-    # worker 0: 128, 999 (hangs); worker 1: 32, 16 (dies); worker 2: 256, 64
-    assert scores[0] == 1.0 and scores[1] == 2.0 and scores[2] == 0.5 and scores[3] == 4.0 and scores[6] == 1.0
-    assert math.isnan(scores[4]) and math.isnan(scores[5])
-    assert "limit of 5 s" in pool.errors[4] and pool.errors[5] == "worker 1 exited 3"
-    written = json.loads((tmp_path / "trials-1.errors.json").read_text())
-    assert list(written.values()) == [pool.errors[4], pool.errors[5]]
-    assert wait_dead(int((tmp_path / "grandchild").read_text()))
+    with TrialPool(REPO_ROOT, job(), tmp_path, registry, workers=[None], limit_s=300,
+                   command=[sys.executable, "-c", chatty]) as pool:
+        assert pool([config(64), config(32)], 1)[1] > 0 and pool([config(64), config(32)], 2)[1] > 0
+        assert pool.errors == {}
+    assert (tmp_path / "worker-0.log").read_text().count("compiler chatter") == 2
     assert json.loads((tmp_path / "children.json").read_text()) == []
 
 
@@ -74,3 +157,48 @@ def test_a_real_trial_under_the_interpreter_scores_each_config(tmp_path):
     broken = run_trials(job(configs=[{"BLOCK_M": 48}]), tmp_path / "b.json")  # outside the declared space
     assert math.isnan(broken.scores[0]) and "outside the tunable space" in broken.errors[0]
     assert gemm_tuning.TUNED_TABLE["small"] == before  # the table is the module's again
+
+
+# A worker that takes 2 GiB on its GPU and runs a kernel loop, then hangs (BLOCK_M 999) or dies (GROUP_M -1)
+# with the memory still held.
+GPU_HOG = textwrap.dedent("""
+    import os, sys, time, torch
+    held = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    for line in sys.stdin:
+        cfg = __import__("json").load(open(line.split()[0]))["configs"][-1]
+        for _ in range(100):
+            held.add_(1)
+        torch.cuda.synchronize()
+        if cfg["GROUP_M"] == -1:
+            os._exit(3)
+        time.sleep(600)
+""")
+
+
+def gpu_processes() -> set[int]:
+    """Pids with a context on any GPU of the machine (as nvidia-smi sees them)."""
+    listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                            text=True, check=True).stdout
+    return {int(pid) for pid in listed.split()}
+
+
+@pytest.mark.gpu
+def test_a_killed_or_dead_worker_leaves_no_gpu_busy_or_holding_memory(tmp_path):
+    import torch
+    gpus = visible_gpus()
+    free_before = [torch.cuda.mem_get_info(i)[0] for i in range(len(gpus))]
+    apps_before = gpu_processes()  # this test's own context among them (pids as the driver's namespace has them)
+    registry = ChildRegistry(tmp_path / "children.json")
+    with TrialPool(REPO_ROOT, job(), tmp_path, registry, workers=gpus, limit_s=20,
+                   command=[sys.executable, "-c", GPU_HOG]) as pool:
+        batch = [config(64), *[config(999) if w % 2 == 0 else config(16, group_m=-1) for w in range(len(gpus))]]
+        scores = pool(batch, 1)
+        assert all(math.isnan(s) for s in scores[1:])
+        assert all(("limit of 20 s" if i % 2 == 1 else "exited 3") in pool.errors[i] for i in range(1, len(batch)))
+    deadline = time.monotonic() + 10
+    while gpu_processes() != apps_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gpu_processes() == apps_before
+    for i, before in enumerate(free_before):
+        assert torch.cuda.mem_get_info(i)[0] >= before - (256 << 20)
+    assert json.loads((tmp_path / "children.json").read_text()) == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from agent.config_space import Config, load_space
 from agent.knowledge import shape_class, similarity
@@ -33,6 +34,11 @@ from kernels.common.device import interpreter_mode
 BUDGET = 16
 # (context, bucket, the shapes that use it) -> the measure the search calls
 MeasureFactory = Callable[[RoundContext, str, Sequence[Shape]], Measure]
+
+
+def opened(measure: Measure) -> AbstractContextManager[Measure]:
+    """A measure to use in a `with` block: one that holds workers (the trial pool) ends them there."""
+    return measure if isinstance(measure, AbstractContextManager) else nullcontext(measure)
 
 
 def trial_pool(context: RoundContext, bucket: str, shapes: Sequence[Shape]) -> Measure:
@@ -112,11 +118,12 @@ def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measur
     rules = load_rules()
     splits = {}
     for cls, members in sorted(classes.items()):
-        as_was, with_winner = measure_for(context, bucket, members)([base, winner], 1)
-        if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
-            continue
-        own = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number)
-        found = own.search(base, measure_for(context, bucket, members))
+        with opened(measure_for(context, bucket, members)) as measure:
+            as_was, with_winner = measure([base, winner], 1)
+            if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
+                continue
+            own = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number)
+            found = own.search(base, measure)
         record(context, f"{bucket} {cls}", found)
         splits[f"{bucket} {cls}"] = found.best if found.gain_pct >= rules.noise_floor_pct else base
     return splits
@@ -149,7 +156,8 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
             continue
         base = table[bucket]
         search = make_search(algorithm, space, budget, seed=context.number)
-        result = search.search(base, measure_for(context, bucket, shapes))
+        with opened(measure_for(context, bucket, shapes)) as measure:
+            result = search.search(base, measure)
         record(context, bucket, result)
         if result.best == base or not result.gain_pct >= floor or known_ineffective(context, bucket, base,
                                                                                    result.best):
