@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +43,9 @@ TRIAL_REPEATS = 10
 
 def screen(manifest: Manifest, job: TrialJob, base: dict[str, int], algorithm: str, budget: int, seed: int,
            gpus: list[str | None], work_dir: Path) -> dict[str, object]:
-    """One search over `gpus`: the row of the CSV."""
+    """One search over `gpus`, with a Triton cache of its own (a round's configs are new to the compiler,
+    and a run must not reuse what the run before compiled): the row of the CSV."""
+    os.environ["TRITON_CACHE_DIR"] = str(work_dir / "triton-cache")  # the workers' environment is this one's
     space = load_space(REPO_ROOT, manifest)
     registry = ChildRegistry(work_dir / "children.json")
     started = time.monotonic()
