@@ -6,7 +6,9 @@ the pool ends them when it is closed (it is a context manager).
 A batch's first config is the one the others are compared with (the search algorithms measure the
 config they start from first in every batch). Each worker measures it next to its own share, and
 reports its share's scores over it: GPUs of one machine differ by a few percent, so a score is only
-ever compared with one taken on the same GPU. The first config scores 1.0.
+ever compared with one taken on the same GPU. The first config scores 1.0. A batch of few configs
+at a high fidelity (successive halving's last rungs) is measured by every worker at a part of the
+fidelity instead, each config's score the geomean of its ratios on the GPUs (`shares`).
 
 A worker that hangs past its time limit or dies costs the configs it had not finished a NaN (an
 ERROR in the search's eyes), never the campaign; its whole process group is killed
@@ -23,6 +25,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -33,6 +36,7 @@ from agent.config_space import Config
 from agent.processes import ChildDied, ChildRegistry, ServingChild, TimeLimit
 from agent.trials import DONE, TrialJob, TrialScores
 from harness.files import REPO_ROOT, atomic_write_text
+from harness.stats import geomean
 
 
 def visible_gpus() -> list[str | None]:
@@ -43,12 +47,34 @@ def visible_gpus() -> list[str | None]:
     return (named[:count] if len(named) >= count else [str(i) for i in range(count)]) or [None]
 
 
-def shares(n_configs: int, workers: int) -> list[list[int]]:
-    """Config indices 1..n-1 dealt round-robin over the workers (index 0, the reference, goes to all)."""
-    dealt: list[list[int]] = [[] for _ in range(min(workers, max(1, n_configs - 1)))]
-    for i in range(1, n_configs):
-        dealt[(i - 1) % len(dealt)].append(i)
-    return dealt
+# A config's cost in a batch besides its timed calls (its check, its warm-up, loading it from the compiler's
+# cache), in units of one fidelity's timed calls: on an H200 about one (a config at fidelity 2 took 0.47 s,
+# one at 16 took 3 s).
+CONFIG_OVERHEAD = 1.0
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one worker measures of a batch: the reference (index 0, always), the configs at `indices`, each at
+    `fidelity` (a fraction of the batch's where the batch's repeats are split over the workers)."""
+
+    indices: list[int]
+    fidelity: float
+
+
+def shares(n_configs: int, workers: int, fidelity: int = 1) -> list[Share]:
+    """The batch over the workers, whichever way ends sooner: configs 1..n-1 dealt round-robin, each at the
+    batch's fidelity; or, for a batch of few configs at a high fidelity (halving's last rungs), every
+    config on every worker with the fidelity split between them (a config's scores then combined)."""
+    used = min(workers, max(1, n_configs - 1))
+    dealt = [Share(list(range(w + 1, n_configs, used)), fidelity) for w in range(used)]
+    if workers < 2 or fidelity < workers:
+        return dealt
+    dealt_cost = (1 + len(dealt[0].indices)) * (CONFIG_OVERHEAD + fidelity)
+    split_cost = n_configs * (CONFIG_OVERHEAD + fidelity / workers)
+    if split_cost >= dealt_cost:
+        return dealt
+    return [Share(list(range(1, n_configs)), fidelity / workers) for _ in range(workers)]
 
 
 class TrialPool:
@@ -86,23 +112,31 @@ class TrialPool:
     def __call__(self, configs: Sequence[Config], fidelity: int) -> list[float]:
         self.batches += 1
         self.errors = {}
-        dealt = shares(len(configs), len(self.gpus))
-        repeats = self.job.repeats * fidelity
+        if self.batches == 1:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.work_dir / "pool.json", json.dumps(
+                {"bucket": self.job.bucket, "shapes": [s.label for s in self.job.shapes], "gpus": self.gpus}) + "\n")
+        dealt = shares(len(configs), len(self.gpus), fidelity)
         started = time.monotonic()
         for w in range(len(dealt)):
             self._child(w).start()  # here, not in the pool's threads, which end with the batch
         with ThreadPoolExecutor(len(dealt)) as pool:
-            found = list(pool.map(lambda w: self._worker(w, [0, *dealt[w]], configs, repeats), range(len(dealt))))
+            found = list(pool.map(lambda w: self._worker(w, [0, *dealt[w].indices], configs,
+                                                         max(1, round(self.job.repeats * dealt[w].fidelity))),
+                                  range(len(dealt))))
         self.batch_seconds.append(time.monotonic() - started)
         if self.errors:
             failed = {json.dumps(configs[i], sort_keys=True): e for i, e in sorted(self.errors.items())}
             atomic_write_text(self.work_dir / f"trials-{self.batches}.errors.json", json.dumps(failed, indent=1) + "\n")
-        scores = [math.nan] * len(configs)
-        scores[0] = 1.0 if any(math.isfinite(s[0]) and s[0] > 0 for s in found) else math.nan
+        ratios: dict[int, list[float]] = {}
         for w, share in enumerate(dealt):
             ref = found[w][0]
-            for i, raw in zip(share, found[w][1:], strict=True):
-                scores[i] = raw / ref if ref > 0 and math.isfinite(ref) else math.nan
+            for i, raw in zip(share.indices, found[w][1:], strict=True):
+                ratios.setdefault(i, []).append(raw / ref if ref > 0 and math.isfinite(ref) else math.nan)
+        scores = [1.0 if any(math.isfinite(s[0]) and s[0] > 0 for s in found) else math.nan]
+        # a config measured on several GPUs: the geomean of its ratios there; failed on any, it failed
+        scores += [geomean(ratios[i]) if all(math.isfinite(r) and r > 0 for r in ratios[i]) else math.nan
+                   for i in range(1, len(configs))]
         return scores
 
     def _child(self, w: int) -> ServingChild:

@@ -33,6 +33,9 @@ from harness.shapes import Shape
 from harness.stats import geomean
 
 DONE = "done"
+# Untimed calls before each config's timed ones: its check call has compiled and run it already, and the GPU
+# is kept busy from one config to the next (the harness's default of 10 was half of a low-fidelity trial).
+TRIAL_WARMUP = 2
 
 
 class TrialJob(BaseModel):
@@ -74,7 +77,7 @@ def rate(result: ShapeResult, metric: Metric) -> float:
 
 def make_screen(job: TrialJob) -> Screen:
     return Screen(prepare_bench(get_spec(job.op), job.shapes, shapes_source=f"trials of {job.bucket}",
-                                dtype=job.dtype, variant=job.variant, checks="basic"))
+                                dtype=job.dtype, variant=job.variant, warmup=TRIAL_WARMUP, checks="basic"))
 
 
 def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialScores:

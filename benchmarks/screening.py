@@ -43,11 +43,14 @@ TRIAL_REPEATS = 10
 
 def screen(manifest: Manifest, job: TrialJob, base: dict[str, int], algorithm: str, budget: int, seed: int,
            gpus: list[str | None], work_dir: Path) -> dict[str, object]:
-    """One search over `gpus`, with a Triton cache of its own (a round's configs are new to the compiler,
-    and a run must not reuse what the run before compiled): the row of the CSV."""
+    """One search over `gpus`: the row of the CSV. As in a campaign's round, the kernels at the starting
+    config are in the compiler's cache (BASELINE ran them) and the configs tried are not: each run gets a
+    Triton cache of its own, warmed by one trial of `base` before the clock starts."""
     os.environ["TRITON_CACHE_DIR"] = str(work_dir / "triton-cache")  # the workers' environment is this one's
     space = load_space(REPO_ROOT, manifest)
     registry = ChildRegistry(work_dir / "children.json")
+    with TrialPool(REPO_ROOT, job, work_dir / "warm-up", registry, workers=gpus[:1]) as warm:
+        warm([base], 1)
     started = time.monotonic()
     with TrialPool(REPO_ROOT, job, work_dir, registry, workers=gpus,
                    limit_s=manifest.compile_timeout_s + manifest.run_timeout_s) as pool:

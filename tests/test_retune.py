@@ -96,8 +96,9 @@ def test_real_trials_in_a_worker_process_under_the_interpreter(tmp_path):
     outcome = SearchProposer("random", budget=3).propose(ctx)
     tried = json.loads((root / "trials.json").read_text())["small"]
     assert len(tried) == 4 and tried[0]["score"] == 1.0 and all(math.isfinite(t["score"]) for t in tried)
-    logs = sorted((root / "trials").glob("*.log"))
-    assert len(logs) == 1 and (root / "trials" / "trials-1-w0.scores.json").exists()
+    pool = root / "trials" / "pool-1"
+    assert [p.name for p in pool.glob("*.log")] == ["worker-0.log"] and (pool / "trials-1-w0.scores.json").exists()
+    assert json.loads((pool / "pool.json").read_text()) == {"bucket": "small", "shapes": ["s0"], "gpus": [None]}
     assert isinstance(outcome, Proposed | Exhausted)  # interpreter timings decide nothing; the plumbing is the point
 
 

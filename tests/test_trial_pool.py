@@ -15,7 +15,7 @@ import pytest
 
 from agent import trials
 from agent.processes import ChildRegistry
-from agent.trial_pool import TrialPool, shares, visible_gpus
+from agent.trial_pool import Share, TrialPool, shares, visible_gpus
 from agent.trials import TrialJob, run_trials
 from harness.files import REPO_ROOT
 from harness.quick_test_bench import Screen, prepare_bench
@@ -26,7 +26,8 @@ from tests.test_processes import alive, wait_dead
 
 # A stand-in worker serving jobs as agent.trials does (one "JOB SCORES" line in, "done" out, its scores
 # written after every config): "GPU" k runs (1 + k/10) times as fast; BLOCK_M 999 hangs (after starting a
-# grandchild), GROUP_M -1 dies. It notes its pid once, when it starts.
+# grandchild), GROUP_M -1 dies; with FAKE_TILT set, BLOCK_M 128 gains (1 + k/10) more on "GPU" k. It notes its
+# pid once, when it starts.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, subprocess, sys, time
     gpu = os.environ["CUDA_VISIBLE_DEVICES"]
@@ -43,7 +44,8 @@ FAKE_WORKER = textwrap.dedent("""
                 time.sleep(600)
             if cfg["GROUP_M"] == -1:
                 os._exit(3)
-            found["scores"].append(cfg["BLOCK_M"] * (1 + int(gpu) / 10))
+            tilt = 1 + int(gpu) / 10 if os.environ.get("FAKE_TILT") and cfg["BLOCK_M"] == 128 else 1
+            found["scores"].append(cfg["BLOCK_M"] * (1 + int(gpu) / 10) * tilt)
             found["errors"].append(None)
             json.dump(found, open(out, "w"))
         print("done", flush=True)
@@ -73,8 +75,25 @@ def starts(tmp_path, gpu: str) -> list[int]:
 
 
 def test_configs_are_dealt_round_robin_and_the_reference_goes_to_every_worker():
-    assert shares(7, 3) == [[1, 4], [2, 5], [3, 6]]
-    assert shares(3, 8) == [[1], [2]] and shares(1, 4) == [[]]
+    assert [s.indices for s in shares(7, 3)] == [[1, 4], [2, 5], [3, 6]]
+    assert [s.indices for s in shares(3, 8)] == [[1], [2]] and [s.indices for s in shares(1, 4)] == [[]]
+    assert [s.fidelity for s in shares(17, 2, 1)] == [1, 1]  # a fidelity of one is not split
+    assert [len(s.indices) for s in shares(9, 2, 2)] == [4, 4]  # many configs: dealt
+
+
+def test_halvings_last_rungs_split_their_fidelity_over_the_workers():
+    assert shares(2, 2, 16) == [Share([1], 8.0), Share([1], 8.0)]  # one config on one GPU would take twice as long
+    assert shares(3, 4, 8) == [Share([1, 2], 2.0)] * 4
+    assert shares(5, 2, 4) == [Share([1, 3], 4), Share([2, 4], 4)]  # as quick either way: dealt
+
+
+def test_a_split_config_scores_the_geomean_of_its_ratios_on_each_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TILT", "1")
+    with fake_pool(tmp_path, monkeypatch, ["0", "5"]) as pool:
+        scores = pool([config(64), config(128)], 16)
+        assert scores[0] == 1.0 and scores[1] == pytest.approx((2.0 * 3.0) ** 0.5)  # 2x on GPU 0, 3x on GPU 5
+        jobs = [TrialJob.model_validate_json((tmp_path / f"trials-1-w{w}.job.json").read_text()) for w in (0, 1)]
+        assert [(j.repeats, len(j.configs)) for j in jobs] == [(8, 2), (8, 2)]
 
 
 def test_n_workers_each_score_against_their_own_reference_and_a_hung_or_dead_one_costs_only_its_configs(

@@ -45,8 +45,10 @@ def trial_pool(context: RoundContext, bucket: str, shapes: Sequence[Shape]) -> M
     m = context.manifest
     job = TrialJob(op=m.op, variant=m.resolved_variant, dtype=m.dtype, metric=m.primary_metric, shapes=list(shapes),
                    bucket=bucket, configs=[], repeats=1 if interpreter_mode() else 10)
-    return TrialPool(context.root, job, context.round_dir / "trials", context.children,
-                     limit_s=m.compile_timeout_s + m.run_timeout_s)
+    trials = context.round_dir / "trials"
+    # a directory per pool: a round's later pools (the split checks) number their batches from 1 again
+    work_dir = trials / f"pool-{len(list(trials.glob('pool-*'))) + 1}"
+    return TrialPool(context.root, job, work_dir, context.children, limit_s=m.compile_timeout_s + m.run_timeout_s)
 
 
 def bucket_shapes(context: RoundContext, used_by: Callable[[Shape], set[str]]) -> dict[str, list[Shape]]:
