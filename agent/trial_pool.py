@@ -34,8 +34,10 @@ import torch
 
 from agent.config_space import Config
 from agent.processes import ChildDied, ChildRegistry, ServingChild, TimeLimit
+from agent.search_algorithms import Measure
 from agent.trials import DONE, TrialJob, TrialScores
 from harness.files import REPO_ROOT, atomic_write_text
+from harness.shapes import Shape
 from harness.stats import geomean
 
 
@@ -110,6 +112,14 @@ class TrialPool:
         self._logs.close()
 
     def __call__(self, configs: Sequence[Config], fidelity: int) -> list[float]:
+        return self._batch(self.job, configs, fidelity)
+
+    def on(self, shapes: Sequence[Shape]) -> Measure:
+        """The same measure on some of the pool's shapes, by the same workers (theirs are made already)."""
+        job = self.job.model_copy(update={"shapes": list(shapes)})
+        return lambda configs, fidelity: self._batch(job, configs, fidelity)
+
+    def _batch(self, job: TrialJob, configs: Sequence[Config], fidelity: int) -> list[float]:
         self.batches += 1
         self.errors = {}
         if self.batches == 1:
@@ -121,8 +131,8 @@ class TrialPool:
         for w in range(len(dealt)):
             self._child(w).start()  # here, not in the pool's threads, which end with the batch
         with ThreadPoolExecutor(len(dealt)) as pool:
-            found = list(pool.map(lambda w: self._worker(w, [0, *dealt[w].indices], configs,
-                                                         max(1, round(self.job.repeats * dealt[w].fidelity))),
+            found = list(pool.map(lambda w: self._worker(w, job, [0, *dealt[w].indices], configs,
+                                                         max(1, round(job.repeats * dealt[w].fidelity))),
                                   range(len(dealt))))
         self.batch_seconds.append(time.monotonic() - started)
         if self.errors:
@@ -152,11 +162,12 @@ class TrialPool:
             self._children[w] = ServingChild(self.command, cwd=self.root, env=env, log=log, registry=self.registry)
         return self._children[w]
 
-    def _worker(self, w: int, indices: list[int], configs: Sequence[Config], repeats: int) -> list[float]:
+    def _worker(self, w: int, job: TrialJob, indices: list[int], configs: Sequence[Config], repeats: int
+                ) -> list[float]:
         """Run worker `w` on `indices` of the batch; a score per index (NaN where it failed or never got to)."""
         stem = self.work_dir / f"trials-{self.batches}-w{w}"
         stem.parent.mkdir(parents=True, exist_ok=True)
-        job = self.job.model_copy(update={"configs": [configs[i] for i in indices], "repeats": repeats})
+        job = job.model_copy(update={"configs": [configs[i] for i in indices], "repeats": repeats})
         job_path, out = stem.with_suffix(".job.json"), stem.with_suffix(".scores.json")
         job_path.write_text(job.model_dump_json())
         out.unlink(missing_ok=True)

@@ -4,7 +4,8 @@ first look before a round's full VALIDATE (which only the winner gets).
 `python -m agent.trials` serves jobs, one a line on stdin ("JOB.json SCORES.json"), answering each
 with "done" on stdout once SCORES.json holds its scores: a worker lives across the batches of a
 search (agent/trial_pool.py), so it starts Python, torch and the CUDA context once, and makes each
-shape's inputs and float64 reference once (harness `Screen`). A job sets the op's
+shape's inputs and float64 reference once (harness `Screen`; a later job on some of those shapes
+measures those only). A job sets the op's
 TUNED_TABLE[bucket] to each config in turn (in memory: the op reads its table at every call) and
 checks and times our runner on the job's shapes with the job's repeats (a config that computes
 wrong scores NaN). The score is the geomean over the shapes of the primary metric; SCORES.json is
@@ -52,8 +53,9 @@ class TrialJob(BaseModel):
     repeats: int = Field(ge=1)
 
     def screen_key(self) -> str:
-        """What a worker's Screen is made for: jobs alike in this share its inputs and references."""
-        return self.model_dump_json(include={"op", "variant", "dtype", "shapes"})
+        """What a worker's Screen is made for besides its shapes: jobs alike in this, on some of its shapes,
+        share its inputs and references."""
+        return self.model_dump_json(include={"op", "variant", "dtype"})
 
 
 class TrialScores(BaseModel):
@@ -83,13 +85,14 @@ def make_screen(job: TrialJob) -> Screen:
 def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialScores:
     table = importlib.import_module(f"kernels.{job.op}.tuning").TUNED_TABLE
     screen = screen or make_screen(job)
+    labels = {s.label for s in job.shapes}
     found = TrialScores()
     original = table[job.bucket]
     for cfg in job.configs:
         started = time.monotonic()
         table[job.bucket] = original | cfg
         try:
-            results = screen.measure(job.repeats)
+            results = screen.measure(job.repeats, labels)
             failed = [r for r in results if r.check != PASS]
             error = f"{failed[0].shape.label}: {failed[0].error or 'check FAIL'}" if failed else None
             score = math.nan if failed else geomean(rate(r, job.metric) for r in results)
@@ -106,14 +109,14 @@ def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialS
 
 def serve(requests: TextIO, answers: TextIO) -> None:
     """Run each job named on `requests` until it closes, answering DONE for each on `answers`."""
-    screens: dict[str, Screen] = {}
+    screen, key = None, ""
     for line in requests:
         job_path, out = (Path(p) for p in line.split())
         job = TrialJob.model_validate_json(job_path.read_text())
-        key = job.screen_key()
-        if key not in screens:
-            screens = {key: make_screen(job)}  # one set of inputs and references on the GPU at a time
-        run_trials(job, out, screens[key])
+        if screen is None or key != job.screen_key() or not {s.label for s in job.shapes} <= set(screen.run.dims):
+            screen = None  # the old inputs and references freed before the new ones are made
+            screen, key = make_screen(job), job.screen_key()
+        run_trials(job, out, screen)
         answers.write(DONE + "\n")
         answers.flush()
 

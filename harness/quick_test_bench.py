@@ -19,7 +19,7 @@ import math
 import re
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -453,11 +453,12 @@ class Screen:
             self._prepared[shape.label] = problem, inputs, self.run.spec.reference(inputs)
         return self._prepared[shape.label]
 
-    def measure(self, repeats: int) -> list[ShapeResult]:
-        """One ShapeResult per shape, each timed with `repeats` calls per pass."""
+    def measure(self, repeats: int, labels: Collection[str] | None = None) -> list[ShapeResult]:
+        """One ShapeResult per shape (those of `labels` only, if given), each timed with `repeats` calls
+        per pass."""
         run, results = self.run, []
         run.timer.repeats = repeats
-        for shape in run.shapes:
+        for shape in (s for s in run.shapes if labels is None or s.label in labels):
             dims = run.dims[shape.label]
             try:
                 problem, inputs, ref = self._prepare(shape)

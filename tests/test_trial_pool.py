@@ -121,21 +121,22 @@ def test_n_workers_each_score_against_their_own_reference_and_a_hung_or_dead_one
 
 
 def test_a_worker_serves_every_batch_of_its_pool_with_one_screen(monkeypatch, tmp_path):
-    """agent.trials' serving loop in-process: one Screen (inputs and references) for jobs on the same shapes,
-    a new one for other shapes."""
+    """agent.trials' serving loop in-process: one Screen (inputs and references) for jobs on its shapes or
+    some of them, a new one for other shapes."""
     made = []
     real = trials.make_screen
-    monkeypatch.setattr(trials, "make_screen", lambda j: made.append(j.shapes[0].label) or real(j))
-    jobs = [job(configs=[config(32)]), job(configs=[config(64)], repeats=2),
-            job(configs=[config(32)], shapes=[SHAPE.model_copy(update={"label": "u"})])]
+    monkeypatch.setattr(trials, "make_screen", lambda j: made.append([s.label for s in j.shapes]) or real(j))
+    other = SHAPE.model_copy(update={"label": "u"})
+    jobs = [job(configs=[config(32)]), job(configs=[config(64)], repeats=2), job(configs=[config(32)], shapes=[other]),
+            job(configs=[config(32)], shapes=[SHAPE, other]), job(configs=[config(64)], shapes=[other])]
     lines = []
     for i, j in enumerate(jobs):
         (tmp_path / f"{i}.json").write_text(j.model_dump_json())
         lines.append(f"{tmp_path / f'{i}.json'} {tmp_path / f'{i}.scores.json'}\n")
     answers = io.StringIO()
     trials.serve(io.StringIO("".join(lines)), answers)
-    assert answers.getvalue() == "done\ndone\ndone\n" and made == ["t", "u"]
-    assert all(json.loads((tmp_path / f"{i}.scores.json").read_text())["scores"][0] > 0 for i in range(3))
+    assert answers.getvalue() == "done\n" * 5 and made == [["t"], ["u"], ["t", "u"]]
+    assert all(json.loads((tmp_path / f"{i}.scores.json").read_text())["scores"][0] > 0 for i in range(5))
 
 
 def test_a_screen_makes_each_reference_once_and_still_fails_a_wrong_result():
@@ -221,3 +222,13 @@ def test_a_killed_or_dead_worker_leaves_no_gpu_busy_or_holding_memory(tmp_path):
     for i, before in enumerate(free_before):
         assert torch.cuda.mem_get_info(i)[0] >= before - (256 << 20)
     assert json.loads((tmp_path / "children.json").read_text()) == []
+
+
+def test_a_measure_on_some_shapes_goes_to_the_same_workers(tmp_path, monkeypatch):
+    other = SHAPE.model_copy(update={"label": "u"})
+    with fake_pool(tmp_path, monkeypatch, ["0", "1"]) as pool:
+        pool.job = pool.job.model_copy(update={"shapes": [SHAPE, other]})
+        assert pool([config(64), config(128), config(32)], 1) == [1.0, 2.0, 0.5]
+        assert pool.on([other])([config(64), config(128), config(32)], 1) == [1.0, 2.0, 0.5]
+        batch2 = TrialJob.model_validate_json((tmp_path / "trials-2-w1.job.json").read_text())
+        assert [s.label for s in batch2.shapes] == ["u"] and [len(starts(tmp_path, g)) for g in "01"] == [1, 1]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 from agent.config_space import Config, load_space
 from agent.knowledge import shape_class, similarity
@@ -32,11 +33,22 @@ from kernels.common.device import interpreter_mode
 # Configs an algorithm may try per round (halving: its first rung). Not yet measured on a GPU: a guess that
 # keeps a round's trials to a few minutes with a compile per config.
 BUDGET = 16
+
+
+class ShapesMeasure(Protocol):
+    """The search's measure on the shapes that use a bucket (the trial pool, or a fake), and `on` some of
+    them: the same workers, whose inputs and references are made already."""
+
+    def __call__(self, configs: Sequence[Config], fidelity: int) -> list[float]: ...
+
+    def on(self, shapes: Sequence[Shape]) -> Measure: ...
+
+
 # (context, bucket, the shapes that use it) -> the measure the search calls
-MeasureFactory = Callable[[RoundContext, str, Sequence[Shape]], Measure]
+MeasureFactory = Callable[[RoundContext, str, Sequence[Shape]], ShapesMeasure]
 
 
-def opened(measure: Measure) -> AbstractContextManager[Measure]:
+def opened(measure: ShapesMeasure) -> AbstractContextManager[ShapesMeasure]:
     """A measure to use in a `with` block: one that holds workers (the trial pool) ends them there."""
     return measure if isinstance(measure, AbstractContextManager) else nullcontext(measure)
 
@@ -103,7 +115,7 @@ def record(context: RoundContext, bucket: str, result: SearchResult) -> None:
     atomic_write_text(path, "{\n" + ",\n".join(entries) + "\n}\n")  # one trial a line
 
 
-def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measure_for: MeasureFactory, bucket: str,
+def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measure: ShapesMeasure, bucket: str,
                       shapes: Sequence[Shape], base: Config, winner: Config,
                       shape_class: Callable[[dict[str, int]], str] | None) -> dict[str, Config]:
     """Buckets that follow the shapes: where the bucket's shapes span several classes (the op's
@@ -120,12 +132,12 @@ def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measur
     rules = load_rules()
     splits = {}
     for cls, members in sorted(classes.items()):
-        with opened(measure_for(context, bucket, members)) as measure:
-            as_was, with_winner = measure([base, winner], 1)
-            if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
-                continue
-            own = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number)
-            found = own.search(base, measure)
+        on_class = measure.on(members)
+        as_was, with_winner = on_class([base, winner], 1)
+        if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
+            continue
+        own = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number)
+        found = own.search(base, on_class)
         record(context, f"{bucket} {cls}", found)
         splits[f"{bucket} {cls}"] = found.best if found.gain_pct >= rules.noise_floor_pct else base
     return splits
@@ -160,13 +172,13 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
         search = make_search(algorithm, space, budget, seed=context.number)
         with opened(measure_for(context, bucket, shapes)) as measure:
             result = search.search(base, measure)
-        record(context, bucket, result)
-        if result.best == base or not result.gain_pct >= floor or known_ineffective(context, bucket, base,
-                                                                                   result.best):
-            done.append(bucket)
-            continue
-        splits = split_disagreeing(context, algorithm, budget, measure_for, bucket, shapes, base, result.best,
-                                   getattr(module, "shape_class", None))
+            record(context, bucket, result)
+            if result.best == base or not result.gain_pct >= floor or known_ineffective(context, bucket, base,
+                                                                                       result.best):
+                done.append(bucket)
+                continue
+            splits = split_disagreeing(context, algorithm, budget, measure, bucket, shapes, base, result.best,
+                                       getattr(module, "shape_class", None))
         rewrite_table(context.root / file, with_entries(table, bucket, result.best, splits))
         tried = len({json.dumps(s.config, sort_keys=True) for s in result.trials})
         split_text = "".join(f"; split '{key}': {describe(base, cfg) or 'kept'}" for key, cfg in splits.items())
