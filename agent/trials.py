@@ -5,12 +5,11 @@ first look before a round's full VALIDATE (which only the winner gets).
 with "done" on stdout once SCORES.json holds its scores: a worker lives across the batches of a
 search (agent/trial_pool.py), so it starts Python, torch and the CUDA context once, and makes each
 shape's inputs and float64 reference once (harness `Screen`; a later job on some of those shapes
-measures those only). A job sets the op's
-TUNED_TABLE[bucket] to each config in turn (in memory: the op reads its table at every call) and
-checks and times our runner on the job's shapes with the job's repeats (a config that computes
-wrong scores NaN). The score is the geomean over the shapes of the primary metric; SCORES.json is
-rewritten after every config, so a worker that is killed or dies still hands back the scores it
-finished.
+measures those only). A job sets the op's TUNED_TABLE[bucket] to each config in turn (in memory:
+the op reads its table at every call) and checks and times our runner on the job's shapes with the
+job's repeats (a config that computes wrong scores NaN). The score is the geomean over the shapes
+of the primary metric; SCORES.json is rewritten after every config, so a worker that is killed or
+dies still hands back the scores it finished.
 """
 
 from __future__ import annotations
