@@ -70,7 +70,7 @@ def shares(n_configs: int, workers: int, fidelity: int = 1) -> list[Share]:
     config on every worker with the fidelity split between them (a config's scores then combined)."""
     used = min(workers, max(1, n_configs - 1))
     dealt = [Share(list(range(w + 1, n_configs, used)), fidelity) for w in range(used)]
-    if workers < 2 or fidelity < workers:
+    if workers < 2 or fidelity < workers or n_configs < 2:
         return dealt
     dealt_cost = (1 + len(dealt[0].indices)) * (CONFIG_OVERHEAD + fidelity)
     split_cost = n_configs * (CONFIG_OVERHEAD + fidelity / workers)

@@ -85,6 +85,7 @@ def test_halvings_last_rungs_split_their_fidelity_over_the_workers():
     assert shares(2, 2, 16) == [Share([1], 8.0), Share([1], 8.0)]  # one config on one GPU would take twice as long
     assert shares(3, 4, 8) == [Share([1, 2], 2.0)] * 4
     assert shares(5, 2, 4) == [Share([1, 3], 4), Share([2, 4], 4)]  # as quick either way: dealt
+    assert shares(1, 2, 16) == [Share([], 16)]  # the reference alone: one worker
 
 
 def test_a_split_config_scores_the_geomean_of_its_ratios_on_each_gpu(tmp_path, monkeypatch):
