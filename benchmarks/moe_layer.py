@@ -21,6 +21,7 @@ import torch
 from passes_report import report
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
+from harness.memory import activation_bytes
 from harness.timing import Timer
 from kernels.common.fp8 import Float8Config
 from kernels.moe import MoEMLP, RouterConfig
@@ -83,16 +84,6 @@ def rows_for_layer(spec: Layer, timer: Timer) -> list[dict[str, object]]:
             ((out * grad_out).sum() + 1e-2 * aux_loss + 1e-3 * z_loss).backward()
         return run
 
-    def activation_mib(forward: Callable[[], tuple[torch.Tensor, ...]]) -> float:
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        kept = forward()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-        del kept
-        return peak / 2**20
-
     gemm_flops = 6.0 * spec.tokens * spec.router.topk * spec.hidden * spec.intermediate
     rows = []
     impls = (("torch", torch_layer), ("ours bf16", ours(bf16)), ("ours fp8", ours(fp8)))
@@ -105,7 +96,7 @@ def rows_for_layer(spec: Layer, timer: Timer) -> list[dict[str, object]]:
         times[impl] = step_ms
         rows.append({"label": spec.label, "impl": impl, "fwd_ms": fwd_ms, "step_ms": step_ms,
                      "fwd_TFLOPS": gemm_flops / fwd_ms / 1e9, "step_TFLOPS": 3 * gemm_flops / step_ms / 1e9,
-                     "fwd_act_MiB": activation_mib(forward)})
+                     "fwd_act_MiB": activation_bytes(forward) / 2**20})
     for row in rows:
         row["ratio"] = times["torch"] / row["step_ms"]
         row["vs_ours_bf16"] = times["ours bf16"] / row["step_ms"]

@@ -6,6 +6,7 @@ bf16 and FP8, and no more activation memory than the torch layer."""
 import pytest
 import torch
 
+from harness.memory import activation_bytes
 from harness.snr import snr_db, snr_threshold
 from kernels.common.dtypes import dtype_name
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_both
@@ -163,14 +164,7 @@ def test_gpu_forward_keeps_no_more_activation_memory_than_the_torch_layer():
 
     def held(forward) -> int:
         forward()  # compiled and warm: what is measured is the activations, not first-call allocations
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        kept = forward()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-        del kept
-        return peak
+        return activation_bytes(forward)
 
     ours = held(lambda: layer(x))
     theirs = held(lambda: torch_moe_mlp(x, layer.gate, layer.w_gate_up, layer.w_down, layer.router))
