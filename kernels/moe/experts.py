@@ -30,29 +30,31 @@ SWIGLU_WARPS = 4
 
 
 @triton.jit
-def _swiglu_fwd_kernel(h_ptr, out_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
-    """out[r] = silu(h[r, :I]) * h[r, I:] in fp32, for ROWS rows and BLOCK_I columns a program."""
+def _swiglu_tile(h_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
+    """The program's tile: its offsets into an [R, I] tensor, its mask, its offsets into h's gate half, and
+    gate and up in fp32."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = (rows < R)[:, None] & (cols < I)[None, :]
     base = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
     gate = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(h_ptr + base + I, mask=mask, other=0.0).to(tl.float32)
+    return rows.to(tl.int64)[:, None] * I + cols[None, :], mask, base, gate, up
+
+
+@triton.jit
+def _swiglu_fwd_kernel(h_ptr, out_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
+    """out[r] = silu(h[r, :I]) * h[r, I:] in fp32, for ROWS rows and BLOCK_I columns a program."""
+    offsets, mask, _, gate, up = _swiglu_tile(h_ptr, R, I, ROWS, BLOCK_I)
     out = gate * tl.sigmoid(gate) * up
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _swiglu_bwd_kernel(h_ptr, grad_out_ptr, grad_h_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
     """grad_h[r, :I] = grad_out * up * silu'(gate), grad_h[r, I:] = grad_out * silu(gate)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    mask = (rows < R)[:, None] & (cols < I)[None, :]
-    base = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
-    gate = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(h_ptr + base + I, mask=mask, other=0.0).to(tl.float32)
-    grad = tl.load(grad_out_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], mask=mask, other=0.0)
-    grad = grad.to(tl.float32)
+    offsets, mask, base, gate, up = _swiglu_tile(h_ptr, R, I, ROWS, BLOCK_I)
+    grad = tl.load(grad_out_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     sig = tl.sigmoid(gate)
     silu = gate * sig
     dtype = grad_h_ptr.dtype.element_ty
