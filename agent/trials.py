@@ -31,8 +31,12 @@ from harness.registry import get_spec
 from harness.schema import PASS
 from harness.shapes import Shape
 from harness.stats import geomean
+from kernels.common.device import interpreter_mode
 
 DONE = "done"
+# Timed calls per config at a search's lowest fidelity on a GPU (the interpreter gets one: its timings decide
+# nothing).
+GPU_REPEATS = 10
 # Untimed calls before each config's timed ones: its check call has compiled and run it already, and the GPU
 # is kept busy from one config to the next (the harness's default of 10 was half of a low-fidelity trial).
 TRIAL_WARMUP = 2
@@ -74,6 +78,10 @@ def rate(result: ShapeResult, metric: Metric) -> float:
     work = {"forward": (result.work[0], fwd_ms), "backward": (result.work[1], bwd_ms),
             "step": (sum(result.work), fwd_ms + bwd_ms)}[metric]
     return work[0] / work[1] if work[1] > 0 else math.nan
+
+
+def trial_repeats() -> int:
+    return 1 if interpreter_mode() else GPU_REPEATS
 
 
 def make_screen(job: TrialJob) -> Screen:

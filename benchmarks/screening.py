@@ -25,7 +25,7 @@ from agent.manifest import Manifest
 from agent.processes import ChildRegistry
 from agent.search_algorithms import make_search
 from agent.trial_pool import TrialPool, visible_gpus
-from agent.trials import TrialJob
+from agent.trials import TrialJob, trial_repeats
 from agent.tuning_table import read_tuning, tuning_file
 from harness.files import REPO_ROOT
 from harness.registry import get_spec
@@ -37,8 +37,6 @@ HEADLINE_SCREEN = ("deepseek-v3/gateup/ep32/m4096/hot", "qwen3-235b/down/ep32/m4
                    "gpt-oss-120b/gateup/ep32/m4096/hot")
 # Where scripts/gpu_search.sh starts its campaign: every bucket at this config.
 DETUNED = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
-# Timed calls per config at the lowest fidelity, as a campaign's trials on a GPU.
-TRIAL_REPEATS = 10
 
 
 def screen(manifest: Manifest, job: TrialJob, base: dict[str, int], algorithm: str, budget: int, seed: int,
@@ -92,7 +90,7 @@ def main() -> None:
     _, table = read_tuning(REPO_ROOT / tuning_file(manifest))
     base = DETUNED if args.start == "detuned" else table[args.bucket]
     job = TrialJob(op=args.op, variant=manifest.resolved_variant, metric=manifest.primary_metric, shapes=shapes,
-                   bucket=args.bucket, configs=[], repeats=TRIAL_REPEATS)
+                   bucket=args.bucket, configs=[], repeats=trial_repeats())
     available = visible_gpus()
     rows = []
     with tempfile.TemporaryDirectory(prefix="screening-") as tmp:

@@ -46,9 +46,10 @@ case "${1:-campaign}" in
 import sys
 from pathlib import Path
 from agent.tuning_table import read_tuning, rewrite_table
-detuned = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+sys.path.insert(0, "benchmarks")
+from screening import DETUNED
 path = Path(sys.argv[1])
-rewrite_table(path, dict.fromkeys(read_tuning(path)[1], detuned))
+rewrite_table(path, dict.fromkeys(read_tuning(path)[1], DETUNED))
 PY
     git commit -qam "detuned start (every bucket 64x64x128, GROUP_M 1, 4 warps, 2 stages)"
     start_campaign "${2:-halving}"

@@ -23,12 +23,11 @@ from agent.proposers import Exhausted, Outcome, Proposed, RoundContext
 from agent.search_algorithms import Measure, SearchResult, make_search
 from agent.state import Proposal
 from agent.trial_pool import TrialPool
-from agent.trials import TrialJob
+from agent.trials import TrialJob, trial_repeats
 from agent.tuning_table import read_tuning, rewrite_table, tuning_file, tuning_module
 from harness.files import atomic_write_text
 from harness.rules import load_rules
 from harness.shapes import Shape
-from kernels.common.device import interpreter_mode
 
 # Configs an algorithm may try per round (halving: its first rung). With halving on the headline grouped
 # shapes, a round's trials took 30-55 s on an H200 (one GPU; 2026-11-24), the whole round 64-97 s.
@@ -56,7 +55,7 @@ def opened(measure: ShapesMeasure) -> AbstractContextManager[ShapesMeasure]:
 def trial_pool(context: RoundContext, bucket: str, shapes: Sequence[Shape]) -> TrialPool:
     m = context.manifest
     job = TrialJob(op=m.op, variant=m.resolved_variant, dtype=m.dtype, metric=m.primary_metric, shapes=list(shapes),
-                   bucket=bucket, configs=[], repeats=1 if interpreter_mode() else 10)
+                   bucket=bucket, configs=[], repeats=trial_repeats())
     trials = context.round_dir / "trials"
     # a directory per pool: a round's later pools (the split checks) number their batches from 1 again
     work_dir = trials / f"pool-{len(list(trials.glob('pool-*'))) + 1}"
