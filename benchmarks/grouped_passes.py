@@ -36,7 +36,7 @@ from kernels.grouped_gemm import group_offsets, grouped_dgrad, grouped_forward, 
 from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm.spec import make_inputs
 from kernels.grouped_gemm_fp8 import for_backward, fp8_backward, fp8_forward, prequantize_weight
-from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_scale_strides
+from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_scale_strides, vark_fp8
 
 
 def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) -> list[dict[str, object]]:
@@ -132,11 +132,43 @@ def sweep_forward(label: str, inputs: dict[str, torch.Tensor], granularity: Gran
     return rows
 
 
+WGRAD_SWEEP_CONFIGS = (
+    (128, 256, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 2), (128, 128, 4, 3), (128, 128, 4, 4),
+    (64, 128, 4, 4), (128, 64, 4, 4), (64, 256, 4, 3),
+)
+
+
+def sweep_wgrad(label: str, inputs: dict[str, torch.Tensor], granularity: Granularity, timer: Timer) -> list[dict]:
+    """The FP8 var-K wgrad alone (operands quantized once) under each config of WGRAD_SWEEP_CONFIGS, writing
+    a fresh gradient (one microbatch per optimizer step) and adding into a bf16 main_grad (gradient
+    accumulation: the output tile is read too)."""
+    a, b, g, lens = inputs["a"], inputs["b"], inputs["grad_out"], inputs["group_lens"]
+    M, K = a.shape
+    N = b.shape[1]
+    groups = RowGroups.tokens(group_offsets(lens))
+    e4m3 = torch.float8_e4m3fn
+    qg = quantize_both(g, e4m3, granularity, groups, rows=False)
+    qa = quantize_both(a, e4m3, granularity, groups, rows=False)
+    grad = torch.zeros_like(b)
+    rows = []
+    for bm, bn, warps, stages in WGRAD_SWEEP_CONFIGS:
+        for accumulate in (False, True):
+            cfg = TileConfig(bm, bn, 128, 8, warps, stages)
+            run = lambda c=cfg, acc=accumulate: vark_fp8(  # noqa: E731
+                qg.cols_t, qa.cols_t, qg.padded_offs, M, granularity, grad, accumulate=acc, cfg=c)
+            name = f"sweep wgrad{'+=' if accumulate else ''} {granularity.value} {bm}x{bn} w{warps} s{stages}"
+            row = sweep_row(timer, run, label, name, 2.0 * M * N * K)
+            rows += [row] if row else []
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser, "grouped_gemm", "headline")
     parser.add_argument("--sweep", choices=[g.value for g in Granularity], default=None,
                         help="instead of the passes, sweep the FP8 forward's tile configs for this granularity")
+    parser.add_argument("--sweep-pass", choices=("fwd", "wgrad"), default="fwd",
+                        help="the pass --sweep times (wgrad: adding into a bf16 main_grad)")
     args = parser.parse_args()
     device = torch.device("cuda")
     timer = Timer(device, repeats=args.repeats, warmup=3)
@@ -147,7 +179,8 @@ def main() -> None:
         problem = Problem(dims=shape.dims, dtype=torch.bfloat16, device=device, seed=0, group_lens=shape.group_lens)
         inputs = make_inputs(problem)
         if args.sweep:
-            rows += sweep_forward(shape.label, inputs, Granularity(args.sweep), timer)
+            sweep = sweep_wgrad if args.sweep_pass == "wgrad" else sweep_forward
+            rows += sweep(shape.label, inputs, Granularity(args.sweep), timer)
         else:
             rows += rows_for_shape(shape.label, inputs, timer)
     report(rows, "grouped passes",

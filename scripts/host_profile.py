@@ -1,12 +1,15 @@
 """Where an FP8 training step's time goes (issue 15), on a GPU: each op's host cost per call, a
-cProfile of a host-bound step, the quantization kernels' bandwidth, and the kernels of the DeepSeek-V3
-MoE step.
+cProfile of a host-bound step, the quantization kernels' bandwidth, and the kernels of MoE expert
+steps (bf16 and ours, per kernel; `--accumulate 8`: microbatches of a gradient-accumulation loop, as
+benchmarks/training_step.py times them).
 
-    PYTHONPATH=. python3 scripts/host_profile.py
+    PYTHONPATH=. python3 scripts/host_profile.py                          # all three parts
+    PYTHONPATH=. python3 scripts/host_profile.py --parts moe --models gpt-oss-120b --accumulate 8
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -115,22 +118,37 @@ def quantization_bandwidth() -> None:
     print(f"  copy of the tokens {2 * x.numel() * 2 / ms / 1e9:6.2f} TB/s")
 
 
-def moe_kernels() -> None:
-    moe = moe_steps(MOE_CASES["deepseek-v3"], ["e4m3-rowwise", "e4m3-blockwise"], torchao=False, accumulate=1)
-    for name in ("ours e4m3-rowwise", "ours e4m3-blockwise"):
-        step = moe[name]
-        for i in range(8):
-            step(i)
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for i in range(3):
+def moe_kernels(models: list[str], variants: list[str], accumulate: int) -> None:
+    """The GPU kernels of each model's expert step (one microbatch of `accumulate`), bf16 and ours."""
+    for model in models:
+        moe = moe_steps(MOE_CASES[model], variants, torchao=False, accumulate=accumulate)
+        for name, step in moe.items():
+            cycle = accumulate * max(1, 8 // accumulate)
+            for i in range(cycle):
                 step(i)
             torch.cuda.synchronize()
-        print(f"=== moe dsv3 {name}, 3 steps")
-        print(prof.key_averages().table(sort_by="device_time_total", row_limit=12, max_name_column_width=60))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for i in range(cycle):
+                    step(i)
+                torch.cuda.synchronize()
+            print(f"=== moe {model} {name}, {cycle} microbatches of {accumulate}")
+            print(prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=70))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", choices=("host", "quant", "moe"), default=["host", "quant", "moe"])
+    parser.add_argument("--models", nargs="+", default=["deepseek-v3"], choices=list(MOE_CASES))
+    parser.add_argument("--variants", nargs="+", default=["e4m3-rowwise", "e4m3-blockwise"])
+    parser.add_argument("--accumulate", type=int, default=1)
+    args = parser.parse_args()
+    if "host" in args.parts:
+        op_host_costs()
+    if "quant" in args.parts:
+        quantization_bandwidth()
+    if "moe" in args.parts:
+        moe_kernels(args.models, args.variants, args.accumulate)
 
 
 if __name__ == "__main__":
-    op_host_costs()
-    quantization_bandwidth()
-    moe_kernels()
+    main()

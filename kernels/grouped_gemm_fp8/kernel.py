@@ -23,6 +23,7 @@ from kernels.common import blockwise_ws
 from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_blocks_2d, quantize_both
 from kernels.common.scales import Scales
+from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
 from kernels.grouped_gemm_fp8.tuning import config_for
 
@@ -221,13 +222,15 @@ def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[i
 def vark_fp8(
     x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor], padded_offs: torch.Tensor,
     tokens: int, granularity: Granularity, out: torch.Tensor, accumulate: bool = False,
+    cfg: TileConfig | None = None,
 ) -> None:
     """out[g] = x_g^T @ y_g over group g's tokens (`accumulate`: out[g] += it): x = (q^T [P, capacity],
-    scale) and y likewise, both in the padded transposed layout of quantize_both, quantized per group."""
+    scale) and y likewise, both in the padded transposed layout of quantize_both, quantized per group;
+    under the tuned table's config unless `cfg` is given (a sweep)."""
     (xt, sx), (yt, sy) = x, y
     scales = VarKScales(
         x=sx, x_strides=vark_scale_strides(sx, granularity), y=sy, y_strides=vark_scale_strides(sy, granularity),
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
+    cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
     grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)

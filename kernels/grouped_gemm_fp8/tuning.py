@@ -6,6 +6,12 @@ second [BLOCK_M, BLOCK_N] fp32 tile live (the K block's product before its scale
 128x256 tiles spill registers there. BLOCK_K is 128: blockwise scaling promotes once per 128-wide
 K block, and fp8 tiles want 128 bytes of K per row anyway.
 
+The short-K wgrad buckets (`wgrad/small*`: groups under 1024 tokens, the MoE training step's
+GPT-OSS experts) run 4-warp tiles: two programs share an SM, so one's read-modify-write of a
+main_grad tile overlaps the other's mainloop (`benchmarks/grouped_passes.py --sweep rowwise
+--sweep-pass wgrad`, H100 2026-11-24: 1.17-1.34x the 8-warp tile when accumulating, within 3%
+without).
+
 On Hopper the blockwise forward and dgrad under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128
 run the warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups:
 the same tile and warps), where 3 stages measured best (benchmarks/blockwise_ab.py); the rest run
@@ -34,14 +40,14 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
     "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
     "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/small/blockwise": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
 }
 
 
