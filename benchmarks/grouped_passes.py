@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--sweep", choices=[g.value for g in Granularity], default=None,
                         help="instead of the passes, sweep the FP8 forward's tile configs for this granularity")
     parser.add_argument("--sweep-pass", choices=("fwd", "wgrad"), default="fwd",
-                        help="the pass --sweep times (wgrad: adding into a bf16 main_grad)")
+                        help="the pass --sweep times (wgrad: fresh, then adding into a bf16 main_grad)")
     args = parser.parse_args()
     device = torch.device("cuda")
     timer = Timer(device, repeats=args.repeats, warmup=3)
