@@ -141,9 +141,14 @@ def kernels_per_step(step: Step, microbatches: int) -> tuple[float, float]:
     return sum(e.device_time for e in device) / 1e3 / microbatches, len(device) / microbatches
 
 
+def whole_cycles(accumulate: int) -> int:
+    """Microbatches in the fewest whole accumulation cycles that meet every router outcome."""
+    return accumulate * math.ceil(DRAWS / accumulate)
+
+
 def measure(label: str, impl: str, step: Step, flops: float, steps: int, accumulate: int) -> dict[str, object]:
     """One implementation's row: `steps` optimizer steps of `accumulate` microbatches per timed loop."""
-    cycle = accumulate * math.ceil(DRAWS / accumulate)  # whole cycles that meet every router outcome
+    cycle = whole_cycles(accumulate)
     for i in range(cycle):  # the warm-up: compiles, autotunes, lazy imports
         step(i)
     ms = timed_steps(step, steps * accumulate)

@@ -27,7 +27,7 @@ from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight
 
 sys.path.insert(0, "benchmarks")
-from training_step import MOE_CASES, moe_steps, skewed_splits
+from training_step import MOE_CASES, moe_steps, skewed_splits, whole_cycles
 
 E4M3 = torch.float8_e4m3fn
 
@@ -122,8 +122,8 @@ def moe_kernels(models: list[str], variants: list[str], accumulate: int) -> None
     """The GPU kernels of each model's expert step (one microbatch of `accumulate`), bf16 and ours."""
     for model in models:
         moe = moe_steps(MOE_CASES[model], variants, torchao=False, accumulate=accumulate)
+        cycle = whole_cycles(accumulate)
         for name, step in moe.items():
-            cycle = accumulate * max(1, 8 // accumulate)
             for i in range(cycle):
                 step(i)
             torch.cuda.synchronize()
@@ -142,6 +142,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["e4m3-rowwise", "e4m3-blockwise"])
     parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
+    if args.accumulate < 1:
+        parser.error("--accumulate must be at least 1")
     if "host" in args.parts:
         op_host_costs()
     if "quant" in args.parts:
