@@ -1,7 +1,8 @@
 """Where an FP8 training step's time goes (issue 15), on a GPU: each op's host cost per call, a
-cProfile of a host-bound step, the quantization kernels' bandwidth, and the kernels of MoE expert
+cProfile of a host-bound step, the quantization kernels' bandwidth, the kernels of MoE expert
 steps (bf16 and ours, per kernel; `--accumulate 8`: microbatches of a gradient-accumulation loop, as
-benchmarks/training_step.py times them).
+benchmarks/training_step.py times them), and (`launch`) the host cost of the cached launches of
+kernels/common/launch.py against Triton's `kernel[grid]`, interleaved in one process.
 
     PYTHONPATH=. python3 scripts/host_profile.py                          # all three parts
     PYTHONPATH=. python3 scripts/host_profile.py --parts moe --models gpt-oss-120b --accumulate 8
@@ -13,6 +14,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
 
@@ -20,10 +22,14 @@ import torch
 import torch.nn.functional as F
 import triton
 
+import kernels.common.fp8 as fp8_module
+import kernels.gemm.kernel as gemm_module
+import kernels.grouped_gemm.kernel as grouped_module
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_rows
+from kernels.common.launch import FastLaunch
 from kernels.gemm.kernel import launch_tma
 from kernels.gemm_fp8 import fp8_backward, fp8_forward, gemm_fp8
-from kernels.grouped_gemm import group_offsets
+from kernels.grouped_gemm import group_offsets, grouped_forward
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight
 
 sys.path.insert(0, "benchmarks")
@@ -97,6 +103,48 @@ def op_host_costs(n: int = 512) -> None:
     print(text.getvalue())
 
 
+def launch_paths(n: int = 512, rounds: int = 7) -> None:
+    """Host us per call with every kernel launched through its cache (direct) and through Triton's
+    kernel[grid], alternating the two paths `rounds` times; medians and direct / triton."""
+    launchers = [obj for module in (fp8_module, gemm_module, grouped_module) for obj in vars(module).values()
+                 if isinstance(obj, FastLaunch)]
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    xg = x.clone().requires_grad_()
+    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    offs = group_offsets(torch.full((8,), n // 8, device="cuda", dtype=torch.int64))
+    stack = torch.randn(8, n, n, device="cuda", dtype=torch.bfloat16)
+
+    def step(config):
+        def run():
+            xg.grad = w.grad = None
+            gemm_fp8(xg, w, config=config).backward(x)
+        return run
+
+    ops = {
+        "quantize_rows rowwise (1 launch)": lambda: quantize_rows(x, E4M3, Granularity.ROWWISE),
+        "quantize_both rowwise (2 launches)":
+            lambda: quantize_both(x, E4M3, Granularity.ROWWISE, RowGroups.equal(1, n)),
+        "launch_tma bf16 (1 launch)": lambda: launch_tma(x, x.t(), out, triton_cfg()),
+        "grouped forward bf16, 8 groups (1 launch)": lambda: grouped_forward(x, stack, offs, True, out),
+        "Linear step rowwise": step(Float8Config()),
+        "Linear step blockwise": step(Float8Config(granularity=Granularity.BLOCKWISE)),
+    }
+    times: dict[str, dict[bool, list[float]]] = {name: {True: [], False: []} for name in ops}
+    for _ in range(rounds):
+        for direct in (True, False):
+            for launcher in launchers:
+                launcher.direct = direct
+            for name, fn in ops.items():
+                times[name][direct].append(host_us(fn, calls=100))
+    for launcher in launchers:
+        launcher.direct = True
+    print(f"host us per call ({n}^3), median of {rounds} interleaved rounds: direct | triton | direct / triton")
+    for name, by_path in times.items():
+        direct, triton_path = statistics.median(by_path[True]), statistics.median(by_path[False])
+        print(f"  {name:40s} {direct:8.1f} {triton_path:8.1f} {direct / triton_path:7.3f}")
+
+
 def triton_cfg():
     from kernels.gemm.tuning import config_for
     return config_for(512, 512, 512)
@@ -137,7 +185,8 @@ def moe_kernels(models: list[str], variants: list[str], accumulate: int) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", choices=("host", "quant", "moe"), default=["host", "quant", "moe"])
+    parser.add_argument("--parts", nargs="+", choices=("host", "quant", "moe", "launch"),
+                        default=["host", "quant", "moe"])
     parser.add_argument("--models", nargs="+", default=["deepseek-v3"], choices=list(MOE_CASES))
     parser.add_argument("--variants", nargs="+", default=["e4m3-rowwise", "e4m3-blockwise"])
     parser.add_argument("--accumulate", type=int, default=1)
@@ -150,6 +199,8 @@ def main() -> None:
         quantization_bandwidth()
     if "moe" in args.parts:
         moe_kernels(args.models, args.variants, args.accumulate)
+    if "launch" in args.parts:
+        launch_paths()
 
 
 if __name__ == "__main__":

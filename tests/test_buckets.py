@@ -26,6 +26,16 @@ def test_a_split_entry_serves_its_layer_only(monkeypatch):
     assert "fwd/large 4096x1536" in fp8_tuning.buckets_for(DOWN) and "fwd/large" in fp8_tuning.buckets_for(GATEUP)
 
 
+def test_the_wgrad_bucket_follows_its_reduction_length():
+    """The wgrad reduces over a group's tokens: DeepSeek-V3's 1024-token experts take the short-K bucket
+    there, while their forward (tokens = M) stays in the large one; 2048-token groups stay large."""
+    def entry(pass_name, tokens_per_group):
+        return fp8_tuning._key(pass_name, 32 * tokens_per_group, 32, Granularity.ROWWISE)
+    assert entry("wgrad", 1024) == "wgrad/small" and entry("fwd", 1024) == "fwd/large"
+    assert entry("wgrad", 2048) == "wgrad/large" and entry("dgrad", 512) == "dgrad/small"
+    assert fp8_tuning._key("wgrad", 32 * 1024, 32, Granularity.BLOCKWISE) == "wgrad/small/blockwise"
+
+
 def layer_speed(cfg, dims) -> float:
     """Wider tiles pay on the gate-up layer; on the down layer (K 1536) BLOCK_N 128 is best and 256 costs 30%."""
     block_n = ({64: 1.0, 128: 1.1, 256: 0.7} if dims["K"] == 1536 else {64: 1.0, 128: 1.2, 256: 2.0})[cfg["BLOCK_N"]]

@@ -44,6 +44,7 @@ import triton.language as tl
 
 from kernels.attention.tuning import AttentionConfig, config_for
 from kernels.common.device import cdiv
+from kernels.common.launch import fast_launch
 
 LOG2E = math.log2(math.e)
 # Rows per program of the delta preprocess (a memory-bound row reduction).
@@ -173,6 +174,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, 
     return acc, l_i, m_i
 
 
+@fast_launch
 @triton.jit
 def _fwd_kernel(
     Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k,
@@ -239,6 +241,7 @@ def _fwd_kernel(
     tl.store(LSE + bq * stride_lb + h * stride_lh + q_rows, lse, mask=row_ok)
 
 
+@fast_launch
 @triton.jit
 def _bwd_preprocess_kernel(
     O, DO, DELTA, cu_seqlens_q,
@@ -300,6 +303,7 @@ def _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_q
     return dk, dv
 
 
+@fast_launch
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, cu_seqlens_q, cu_seqlens_k,
@@ -386,6 +390,7 @@ def _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, o
     return dq
 
 
+@fast_launch
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, cu_seqlens_q, cu_seqlens_k,

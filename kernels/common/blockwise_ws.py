@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.common.device import cdiv, interpreter_mode, persistent_programs
+from kernels.common.launch import fast_launch
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.common.tma import bind_context, tma_layout
@@ -143,6 +144,7 @@ def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr,
         g, tiles_before, start, end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
 
 
+@fast_launch
 @gluon.jit
 def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                          stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,

@@ -25,12 +25,21 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# SMs per CUDA device index, read once: torch.cuda.get_device_properties costs microseconds a call,
+# and every persistent launch asks.
+_SM_COUNTS: dict[int, int] = {}
+
+
 def persistent_programs(device: torch.device, tiles: int) -> int:
     """Programs of a persistent grid: one per SM, no more than the tiles; a few under the interpreter,
     so that each program walks several tiles there too."""
     if interpreter_mode() or device.type != "cuda":
         return max(1, min(tiles, 4))
-    return max(1, min(tiles, torch.cuda.get_device_properties(device).multi_processor_count))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sms = _SM_COUNTS.get(index)
+    if sms is None:
+        sms = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(tiles, sms))
 
 
 # Shared memory a Hopper (sm_90) block can have: 227 KiB.

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import cdiv, interpreter_mode
+from kernels.common.launch import fast_launch
 
 BLOCK = 128
 FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -109,6 +110,7 @@ def _to_fp8_range(x, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.
 
 
 
+@fast_launch
 @triton.jit
 def _segment_amax_kernel(x_ptr, amax_ptr, R, C, stride_r, SEGMENT_ROWS, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """amax[s] = max |x| over rows [s*SEGMENT_ROWS, (s+1)*SEGMENT_ROWS); grid (segments, row blocks)."""
@@ -123,6 +125,7 @@ def _segment_amax_kernel(x_ptr, amax_ptr, R, C, stride_r, SEGMENT_ROWS, BLOCK_R:
     tl.atomic_max(amax_ptr + seg, tl.max(acc))
 
 
+@fast_launch
 @triton.jit
 def _quantize_rows_kernel(
     x_ptr, q_ptr, scale_ptr, amax_ptr,
@@ -188,6 +191,7 @@ def _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: 
     return rows, rows < end, g
 
 
+@fast_launch
 @triton.jit
 def _padded_offsets_kernel(offs_ptr, padded_ptr, G, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr):
     """padded[g+1] = sum over groups <= g of len rounded up to BLOCK_T; one program."""
@@ -210,6 +214,7 @@ def _load_tile(x_ptr, rows, cols, mask, stride_x, C, GLU: tl.constexpr):
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
+@fast_launch
 @triton.jit
 def _amax_both_kernel(
     x_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr, G, R, C, stride_x, GROUP_ROWS,
@@ -237,6 +242,7 @@ def _amax_both_kernel(
         tl.atomic_max(group_amax_bits + last * TENSOR_PER_GROUP, tl.max(x).to(tl.int32, bitcast=True))
 
 
+@fast_launch
 @triton.jit
 def _quantize_both_kernel(
     x_ptr, q_ptr, qt_ptr, scale_ptr, scale_t_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr,
@@ -297,6 +303,7 @@ def _quantize_both_kernel(
              mask=col_mask[:, None] & in_layout[None, :])
 
 
+@fast_launch
 @triton.jit
 def _quantize_blocks_2d_kernel(
     w_ptr, q_ptr, qt_ptr, scale_ptr, R, C,

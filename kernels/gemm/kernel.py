@@ -19,6 +19,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.common.device import cdiv, check_same_device, persistent_programs
+from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.common.tma import bind_context, tma_layout
@@ -28,6 +29,7 @@ SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+@fast_launch
 @triton.jit
 def _matmul_tma_kernel(
     a_desc, b_desc, c_desc, sa_ptr, sb_ptr,
@@ -78,6 +80,7 @@ def _matmul_tma_kernel(
         c_desc.store([row0, col0], acc.to(c_desc.dtype))
 
 
+@fast_launch
 @triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr,

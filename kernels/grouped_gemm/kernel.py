@@ -18,11 +18,13 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.common.device import cdiv, persistent_programs
+from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
 
 
+@fast_launch
 @triton.jit
 def _grouped_mm_kernel(
     a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
@@ -106,6 +108,7 @@ def _grouped_mm_kernel(
         tiles_before += tiles_g
 
 
+@fast_launch
 @triton.jit
 def _grouped_mm_vark_kernel(
     x_ptr, y_ptr, x_desc, y_desc, c_ptr, offs_ptr, sx_ptr, sy_ptr,

@@ -35,8 +35,9 @@ SMALL_GROUP_TOKENS = 1024
 PASSES = ("fwd", "dgrad", "wgrad")
 
 
-def bucket(pass_name: str, total_tokens: int, groups: int) -> str:
-    size = "small" if total_tokens < SMALL_GROUP_TOKENS * max(groups, 1) else "large"
+def bucket(pass_name: str, total_tokens: int, groups: int, small_group_tokens: int = SMALL_GROUP_TOKENS) -> str:
+    """`<pass>/small` when the average group holds fewer than `small_group_tokens` tokens, else `<pass>/large`."""
+    size = "small" if total_tokens < small_group_tokens * max(groups, 1) else "large"
     return f"{pass_name}/{size}"
 
 

@@ -6,11 +6,15 @@ second [BLOCK_M, BLOCK_N] fp32 tile live (the K block's product before its scale
 128x256 tiles spill registers there. BLOCK_K is 128: blockwise scaling promotes once per 128-wide
 K block, and fp8 tiles want 128 bytes of K per row anyway.
 
-The short-K wgrad buckets (`wgrad/small*`: groups under 1024 tokens, the MoE training step's
-GPT-OSS experts) run 4-warp tiles: two programs share an SM, so one's read-modify-write of a
+The short-K wgrad buckets (`wgrad/small*`: groups under SMALL_WGRAD_TOKENS = 2048 tokens, the MoE
+training step's GPT-OSS and DeepSeek-V3 experts) run 4-warp tiles: two programs share an SM, so one's read-modify-write of a
 main_grad tile overlaps the other's mainloop (`benchmarks/grouped_passes.py --sweep rowwise
---sweep-pass wgrad`, H100 2026-11-24: 1.17-1.34x the 8-warp tile when accumulating, within 3%
-without).
+--sweep-pass wgrad`, H100 2026-11-24: 1.17-1.34x the 8-warp tile when accumulating at 512 tokens,
+within 3% without). At 1024 tokens (DeepSeek-V3's 32 x 1024) the same tiles beat the large bucket's
+128x256 too (rowwise accumulating 1.12-1.19x, fresh -1.5% to +4.5%; blockwise 64x128 1.07-1.14x
+accumulating), while at 2048 (Qwen3's 16 x 2048) the large bucket is still the better fresh, so the
+wgrad's boundary sits at 2048 tokens where the forward's and dgrad's (whose tokens are M, not the
+reduction) stays at grouped_gemm's 1024.
 
 On Hopper the blockwise forward and dgrad under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128
 run the warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups:
@@ -24,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from kernels.common.fp8 import Granularity
 from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
-from kernels.grouped_gemm.tuning import PASSES, bucket, shape_class
+from kernels.grouped_gemm.tuning import PASSES, SMALL_GROUP_TOKENS, bucket, shape_class
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -51,8 +55,14 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 }
 
 
+# The wgrad reduces over each group's tokens: below this many per group its K loop is short and the
+# small bucket's 4-warp tiles win (see above).
+SMALL_WGRAD_TOKENS = 2048
+
+
 def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> str:
-    key = bucket(pass_name, total_tokens, groups)
+    small = SMALL_WGRAD_TOKENS if pass_name == "wgrad" else SMALL_GROUP_TOKENS
+    key = bucket(pass_name, total_tokens, groups, small)
     return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
 
 

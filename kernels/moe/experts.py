@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config
+from kernels.common.launch import fast_launch
 from kernels.grouped_gemm import grouped_gemm
 from kernels.grouped_gemm_fp8 import fp8_backward, fp8_forward, grouped_gemm_fp8
 from kernels.moe.permute import permute, unpermute
@@ -42,6 +43,7 @@ def _swiglu_tile(h_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
     return rows.to(tl.int64)[:, None] * I + cols[None, :], mask, base, gate, up
 
 
+@fast_launch
 @triton.jit
 def _swiglu_fwd_kernel(h_ptr, out_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
     """out[r] = silu(h[r, :I]) * h[r, I:] in fp32, for ROWS rows and BLOCK_I columns a program."""
@@ -50,6 +52,7 @@ def _swiglu_fwd_kernel(h_ptr, out_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.con
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@fast_launch
 @triton.jit
 def _swiglu_bwd_kernel(h_ptr, grad_out_ptr, grad_h_ptr, R, I, ROWS: tl.constexpr, BLOCK_I: tl.constexpr):
     """grad_h[r, :I] = grad_out * up * silu'(gate), grad_h[r, I:] = grad_out * silu(gate)."""

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import cdiv, check_same_device
+from kernels.common.launch import fast_launch
 
 TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ID_DTYPES = (torch.int32, torch.int64)
@@ -49,6 +50,7 @@ ZERO_ROWS = 8  # rows a zeroing program writes at a time
 # --- kernels ----------------------------------------------------------------------------------------
 
 
+@fast_launch
 @triton.jit
 def _rank_kernel(ids_ptr, rank_ptr, block_counts_ptr, n_pairs, E,
                  E_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
@@ -69,6 +71,7 @@ def _rank_kernel(ids_ptr, rank_ptr, block_counts_ptr, n_pairs, E,
     tl.store(block_counts_ptr + block * E + experts, seen, mask=experts < E)
 
 
+@fast_launch
 @triton.jit
 def _scan_kernel(block_counts_ptr, block_offs_ptr, counts_ptr, lens_ptr, offs_ptr, n_blocks, E, pad_to,
                  E_PAD: tl.constexpr, BLOCK_B: tl.constexpr):
@@ -173,6 +176,7 @@ def _zero_slack(out_ptr, vec_ptr, counts_ptr, offs_ptr, pid, programs, capacity,
                      mask=r_mask[:, None] & (cols < H)[None, :])
 
 
+@fast_launch
 @triton.jit
 def _scatter_rows_kernel(
     x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, counts_ptr, block_offs_ptr,
@@ -194,6 +198,7 @@ def _scatter_rows_kernel(
                     stride_out, SCATTER_W, ZERO_ROWS, BLOCK_H)
 
 
+@fast_launch
 @triton.jit
 def _gather_rows_kernel(
     src_ptr, out_ptr, rows_ptr, w_ptr, vec_ptr, vec_out_ptr,

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import cdiv, check_same_device
+from kernels.common.launch import fast_launch
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCORE_FUNCS = ("softmax", "sigmoid")
@@ -114,6 +115,7 @@ def _keep_best_groups(sel, cols, group_size, N_GROUP: tl.constexpr, G_PAD: tl.co
     return tl.where(keep, sel, float("-inf"))
 
 
+@fast_launch
 @triton.jit
 def _router_fwd_kernel(
     logits_ptr, bias_ptr, probs_ptr, ids_ptr, part_counts_ptr, part_probs_ptr, part_z_ptr,
@@ -174,6 +176,7 @@ def _router_fwd_kernel(
     tl.store(part_z_ptr + pid, tl.sum(z_sums, axis=0))
 
 
+@fast_launch
 @triton.jit
 def _router_losses_kernel(part_counts_ptr, part_probs_ptr, part_z_ptr, counts_ptr, aux_ptr, z_ptr,
                           n_parts, E, balance_scale, inv_tokens, E_PAD: tl.constexpr, BLOCK_P: tl.constexpr):
@@ -197,6 +200,7 @@ def _router_losses_kernel(part_counts_ptr, part_probs_ptr, part_z_ptr, counts_pt
     tl.store(z_ptr, inv_tokens * tl.sum(z_sums, axis=0))
 
 
+@fast_launch
 @triton.jit
 def _router_bwd_kernel(
     logits_ptr, ids_ptr, grad_probs_ptr, counts_ptr, grad_aux_ptr, grad_z_ptr, grad_logits_ptr,
