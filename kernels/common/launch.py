@@ -2,9 +2,10 @@
 
 `kernel[grid](...)` binds and specializes the arguments, turns the specialization into a cache key,
 reads its runtime knobs, looks the compiled kernel up, checks the kernel's globals and builds launch
-metadata, then launches. On the lent H100's host that is 35 us for a small kernel and 90-150 us for a
-TMA GEMM (docs/performance.md), against ~10 us for a cuBLAS call: a Linear step of a dozen launches
-spends more time on the host than an 8B model's GEMMs take on the GPU.
+metadata, then launches. On the lent H100's host that is 25-50 us for a small kernel and 90-150 us for
+a TMA GEMM (docs/performance.md), against ~10 us for a cuBLAS call: a Linear step of a dozen launches
+spends more time on the host than an 8B model's GEMMs take on the GPU. What this module saves there:
+12-24% of a launch's host time (docs/performance.md, "Cached launches").
 
 `fast_launch` keeps the one part that decides which binary runs, Triton's own argument binder (so a
 call specializes exactly as `kernel[grid]` would: pointer alignment, integer divisibility, dtypes,
@@ -54,14 +55,18 @@ class FastLaunch:
             return
         device = torch.cuda.current_device()
         try:  # Triton's binder: JITFunction internals, the same in Triton 3.6 to 3.9
-            bound, specialization, options = kernel.device_caches[device][4](*args, **kwargs)
-            key = (device, tuple(specialization), tuple(options.items()))
-        except (AttributeError, IndexError, TypeError, ValueError):
-            # Another Triton, or arguments Triton will refuse with its own message: its path, from now on.
+            binder = kernel.device_caches[device][4]
+        except (AttributeError, IndexError, KeyError, TypeError):  # another Triton: its path from now on
             self.direct = False
             kernel[grid](*args, **kwargs)
             return
-        compiled = self.compiled.get(key)
+        try:
+            bound, specialization, options = binder(*args, **kwargs)
+            key = (device, tuple(specialization), tuple(options.items()))
+            compiled = self.compiled.get(key)
+        except (TypeError, ValueError):  # arguments Triton refuses: let it say why
+            kernel[grid](*args, **kwargs)
+            return
         if compiled is None:
             self.compiled[key] = kernel[grid](*args, **kwargs)
             return
