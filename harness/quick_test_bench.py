@@ -32,7 +32,7 @@ from harness.probes import Probe, accumulation_format, draw_probes
 from harness.rules import load_rules
 from harness.schema import FAIL, PASS, CsvSchema, get_schema, write_summary
 from harness.shapes import Shape, split_tokens
-from harness.snr import snr_db, snr_passes, snr_threshold
+from harness.snr import norm, snr_db, snr_passes, snr_threshold
 from harness.timing import INTERPRETER_NOTE, Timer, Timing
 from kernels.common.device import default_device, interpreter_mode
 from kernels.common.dtypes import dtype_from_name, dtype_name
@@ -196,8 +196,7 @@ def _check_outputs(
         raise CheckFailed(f"wrote into its input(s) {', '.join(written)}")
     results = outputs | produced
     for name in names:
-        out_norm = torch.linalg.vector_norm(results[name].double()).item()
-        ref_norm = torch.linalg.vector_norm(ref[name].double()).item()
+        out_norm, ref_norm = norm(results[name]), norm(ref[name])
         if ref_norm > 0 and out_norm < NEAR_ZERO_NORM * ref_norm:
             raise CheckFailed(f"output {name} is ~zero (norm {out_norm:.3g} vs reference {ref_norm:.3g})")
     return {name: snr_db(results[name], ref[name]) for name in names}

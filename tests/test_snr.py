@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from harness.snr import snr_db, snr_passes, snr_threshold
+import harness.snr
+from harness.snr import norm, snr_db, snr_passes, snr_threshold
 
 
 def test_equal_tensors_are_infinite():
@@ -55,3 +56,19 @@ def test_thresholds_come_from_rules():
     assert snr_threshold("e4m3") == 25.0
     assert snr_threshold("e5m2") == 20.0
     assert snr_threshold("bf16") > 30 and snr_threshold("fp16") > snr_threshold("bf16")
+
+
+def test_chunked_sums_equal_the_whole_tensor_formula(monkeypatch):
+    """Sums taken a chunk at a time (the last one partial) give the SNR and norm of the one-pass formula,
+    and a NaN or Inf in a late chunk is still found."""
+    monkeypatch.setattr(harness.snr, "CHUNK_ELEMENTS", 1000)
+    ref = torch.randn(37, 101, dtype=torch.float64)
+    test = (ref + 0.01 * torch.randn_like(ref)).float()
+    expected = 10 * math.log10(ref.square().sum().item() / (test.double() - ref).square().sum().item())
+    assert snr_db(test, ref) == pytest.approx(expected, rel=1e-12)
+    assert norm(test) == pytest.approx(torch.linalg.vector_norm(test.double()).item(), rel=1e-12)
+    test[36, 100] = math.nan
+    assert snr_db(test, ref) == -math.inf
+    ref[30, 0] = math.inf
+    with pytest.raises(ValueError, match="reference"):
+        snr_db(test, ref)
