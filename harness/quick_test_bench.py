@@ -261,7 +261,7 @@ def _check_training(spec: OpSpec, problem: Problem, formats: dict[str, str]) -> 
     _expect_right(first, spec.reference(first_set), names, formats, "autograd")
     # A copy in host memory, not the float64 reference, to compare with after the second call: beside the
     # run's own reference and buffers, an lm_head's copies and float64 references fill an 80 GB GPU.
-    kept = {name: first[name].cpu() for name in names}
+    kept = {name: first[name].to("cpu", copy=True) for name in names}
     second = _returned_done(functools.partial(spec.train_step, problem, second_set), watch=True)
     shared = [name for name in names if _shares_storage(first[name], second[name])]
     if shared:
