@@ -5,7 +5,7 @@ reads its runtime knobs, looks the compiled kernel up, checks the kernel's globa
 metadata, then launches. On the lent H100's host that is 25-50 us for a small kernel and 90-150 us for
 a TMA GEMM (docs/performance.md), against ~10 us for a cuBLAS call: a Linear step of a dozen launches
 spends more time on the host than an 8B model's GEMMs take on the GPU. What this module saves there:
-12-24% of a launch's host time (docs/performance.md, "Cached launches").
+7-24% of a launch's host time (docs/performance.md, "Cached launches").
 
 `fast_launch` keeps the one part that decides which binary runs, Triton's own argument binder (so a
 call specializes exactly as `kernel[grid]` would: pointer alignment, integer divisibility, dtypes,
