@@ -10,7 +10,7 @@ from harness.memory import activation_bytes
 from harness.snr import snr_db, snr_threshold
 from kernels.common.dtypes import dtype_name
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_both
-from kernels.moe import MoEMLP, RouterConfig, moe_experts, swiglu
+from kernels.moe import ExpertWeightsFp8, MoEMLP, RouterConfig, moe_experts, swiglu
 from kernels.moe.reference import loop_experts, torch_moe_mlp
 from tests.graph_replay import replay_and_eager
 
@@ -89,6 +89,30 @@ def test_fp8_layer_matches_a_float64_layer(device, half_dtype):
     assert min(snrs) >= floor, snrs
 
 
+def test_prequantized_expert_weights_give_the_same_microbatches(device, half_dtype):
+    """A gradient-accumulation loop's FP8 layer: weights quantized once (quantize_weights) and read by two
+    microbatches give the outputs and accumulated gradients of quantizing them in each microbatch."""
+    router, T, H, inter = CASES["softmax-top2"]
+    torch.manual_seed(0)
+    layer = MoEMLP(H, inter, router, fp8=Float8Config(), dtype=half_dtype, device=device)
+    xs = [torch.randn(T, H, dtype=half_dtype, device=device) for _ in range(2)]
+    grads = [torch.randn(T, H, dtype=half_dtype, device=device) for _ in range(2)]
+
+    def two_microbatches(weights_fp8):
+        layer.zero_grad(set_to_none=True)
+        outs = []
+        for x, grad_out in zip(xs, grads, strict=True):
+            out, _ = layer(x, weights_fp8=weights_fp8)
+            (out * grad_out).sum().backward()
+            outs.append(out.detach())
+        return outs, [p.grad.clone() for p in (layer.gate, layer.w_gate_up, layer.w_down)]
+
+    plain_outs, plain_grads = two_microbatches(None)
+    outs, grads_acc = two_microbatches(layer.quantize_weights())
+    for got, expected in zip(outs + grads_acc, plain_outs + plain_grads, strict=True):
+        assert torch.equal(got, expected)
+
+
 def test_swiglu_forward_and_backward(device, half_dtype):
     h = torch.randn(7, 2 * 40, dtype=half_dtype, device=device, requires_grad=True)
     grad = torch.randn(7, 40, dtype=half_dtype, device=device)
@@ -106,6 +130,8 @@ def test_bad_inputs_raise_one_line_value_errors(device):
     layer = MoEMLP(16, 8, RouterConfig(4, 2), dtype=torch.float16, device=device)
     x = torch.randn(5, 16, dtype=torch.float16, device=device)
     ids, probs = torch.zeros(5, 2, dtype=torch.int64, device=device), torch.rand(5, 2, device=device)
+    weights = ExpertWeightsFp8.of(layer.w_gate_up, layer.w_down, Float8Config())
+    swapped = ExpertWeightsFp8(weights.down, weights.gate_up)  # each stack's copy handed to the other
     cases = [
         (lambda: layer(torch.randn(5, 12, dtype=torch.float16, device=device)), r"x must be \[T, hidden=16\]"),
         (lambda: layer(torch.randn(5, 16, device=device)), "x is torch.float32 but the parameters are torch.float16"),
@@ -116,6 +142,13 @@ def test_bad_inputs_raise_one_line_value_errors(device):
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up[:, :15], layer.w_down), r"w_gate_up must be \[E, 2I, H\]"),
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down[:, :, :4]),
          r"w_down must be \[E, H, I\] = \[4, 16, 8\]"),
+        (lambda: layer.quantize_weights(), "the layer has no fp8 config"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down, weights_fp8=weights),
+         "weights_fp8 goes with an fp8 config"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down, Float8Config(), weights_fp8=(1, 2)),
+         "weights_fp8 must be an ExpertWeightsFp8"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down, Float8Config(), weights_fp8=swapped),
+         r"moe_experts \(gate_up\): b_fp8 is of a \[4, 16, 8\] weight"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match) as err:

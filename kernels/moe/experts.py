@@ -2,8 +2,10 @@
 GEMM -> unpermute, forward and backward, bf16/fp16 or FP8; kernels, launchers and autograd Functions as one
 story (kernels/moe/mlp.py's MoEMLP puts the router in front).
 
-    from kernels.moe import moe_experts
+    from kernels.moe import ExpertWeightsFp8, moe_experts
     out = moe_experts(x, routing.expert_ids, routing.probs, w_gate_up, w_down, fp8=Float8Config())
+    w8 = ExpertWeightsFp8.of(w_gate_up, w_down, Float8Config())   # once per optimizer step, then per microbatch:
+    out = moe_experts(x, routing.expert_ids, routing.probs, w_gate_up, w_down, fp8=Float8Config(), weights_fp8=w8)
 
 The SwiGLU is its own pair of kernels (`_swiglu_fwd_kernel`: silu(gate) * up in fp32; `_swiglu_bwd_kernel`
 recomputing silu from the saved GateUP output). On the FP8 path it is computed inside the quantization of
@@ -13,6 +15,8 @@ reads the routing on the host (CUDA-graph safe).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -21,7 +25,8 @@ from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config
 from kernels.common.launch import fast_launch
 from kernels.grouped_gemm import grouped_gemm
-from kernels.grouped_gemm_fp8 import fp8_backward, fp8_forward, grouped_gemm_fp8
+from kernels.grouped_gemm_fp8 import WeightFp8, fp8_backward, fp8_forward, grouped_gemm_fp8, prequantize_weight
+from kernels.grouped_gemm_fp8.kernel import check_prequantized
 from kernels.moe.permute import permute, unpermute
 
 # 16-byte accesses of bf16: 8 a thread over 1024 columns, 4 rows a program.
@@ -108,9 +113,10 @@ class _SwiGLUDownFp8(torch.autograd.Function):
     swiglu_backward takes to h's."""
 
     @staticmethod
-    def forward(ctx, h, w, offs, config):
+    def forward(ctx, h, w, offs, config, w_fp8):
         out = h.new_empty((h.shape[0], w.shape[1]))
-        ctx.saved = fp8_forward(h, w, offs, True, config, out, needs=ctx.needs_input_grad[:2], a_glu=True)
+        ctx.saved = fp8_forward(h, w, offs, True, config, out, needs=ctx.needs_input_grad[:2], b_fp8=w_fp8,
+                                a_glu=True)
         ctx.save_for_backward(h, offs)
         ctx.config, ctx.w_shape = config, w.shape
         return out
@@ -124,7 +130,7 @@ class _SwiGLUDownFp8(torch.autograd.Function):
         grad_w = h.new_empty(ctx.w_shape) if need_w else None
         fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w)
         ctx.saved = None
-        return swiglu_backward(h, grad_a) if need_h else None, grad_w, None, None
+        return swiglu_backward(h, grad_a) if need_h else None, grad_w, None, None, None
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -134,12 +140,29 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return _SwiGLU.apply(h.contiguous())
 
 
+@dataclass(frozen=True)
+class ExpertWeightsFp8:
+    """An MoE layer's two expert weight stacks quantized for the forward and the dgrad, for a gradient
+    accumulation loop: made once per optimizer step and handed to every microbatch (`weights_fp8=`),
+    which then quantizes no weight; the bf16 stacks still get their gradients. Stale after the weights
+    change: make it again after each optimizer step."""
+
+    gate_up: WeightFp8
+    down: WeightFp8
+
+    @classmethod
+    def of(cls, w_gate_up: torch.Tensor, w_down: torch.Tensor, config: Float8Config) -> ExpertWeightsFp8:
+        return cls(prequantize_weight(w_gate_up, True, config), prequantize_weight(w_down, True, config))
+
+
 def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, w_gate_up: torch.Tensor,
-                w_down: torch.Tensor, fp8: Float8Config | None = None) -> torch.Tensor:
+                w_down: torch.Tensor, fp8: Float8Config | None = None,
+                weights_fp8: ExpertWeightsFp8 | None = None) -> torch.Tensor:
     """An MoE layer's experts for a given routing (MoEMLP past its router): permute -> GateUP ->
     SwiGLU -> Down -> unpermute, with autograd to x, probs and both weight stacks. x [T, H]; expert_ids
     and probs [T, topk]; w_gate_up [E, 2I, H] (gate rows, then up rows); w_down [E, H, I]; fp8: the expert
-    GEMMs in FP8 under that config (None: in x's dtype)."""
+    GEMMs in FP8 under that config (None: in x's dtype); weights_fp8: both stacks already quantized under
+    it (ExpertWeightsFp8.of), read instead of quantizing them."""
     if w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2 or w_down.ndim != 3:
         raise ValueError(f"moe_experts: w_gate_up must be [E, 2I, H] and w_down [E, H, I], got "
                          f"{list(w_gate_up.shape)} and {list(w_down.shape)}")
@@ -147,11 +170,19 @@ def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, 
     if tuple(w_down.shape) != (E, w_gate_up.shape[2], I):
         raise ValueError(f"moe_experts: w_down must be [E, H, I] = {[E, w_gate_up.shape[2], I]}, got "
                          f"{list(w_down.shape)}")
+    if weights_fp8 is not None:
+        if fp8 is None:
+            raise ValueError("moe_experts: weights_fp8 goes with an fp8 config (the one it was quantized under)")
+        if not isinstance(weights_fp8, ExpertWeightsFp8):
+            raise ValueError(f"moe_experts: weights_fp8 must be an ExpertWeightsFp8, got {type(weights_fp8).__name__}")
+        for name, w8, w in (("gate_up", weights_fp8.gate_up, w_gate_up), ("down", weights_fp8.down, w_down)):
+            check_prequantized(f"moe_experts ({name})", w8, w, True, fp8.forward_dtype, fp8.granularity)
     p = permute(x, expert_ids, num_experts=E)
     if fp8 is None:
         h = grouped_gemm(p.permuted, w_gate_up, p.group_lens, p.group_offs)
         y = grouped_gemm(swiglu(h), w_down, p.group_lens, p.group_offs)
     else:
-        h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8)
-        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8)
+        gate_up_fp8, down_fp8 = (weights_fp8.gate_up, weights_fp8.down) if weights_fp8 else (None, None)
+        h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8, b_fp8=gate_up_fp8)
+        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8, down_fp8)
     return unpermute(y, p.row_map, probs)

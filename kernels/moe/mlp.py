@@ -5,6 +5,9 @@
     out, routing = layer(x)                                                    # x [T, hidden]
     loss = task_loss(out) + 1e-3 * routing.aux_loss + 1e-4 * routing.z_loss
 
+    w8 = layer.quantize_weights()           # gradient accumulation, FP8: once per optimizer step,
+    out, routing = layer(x, weights_fp8=w8) # then every microbatch reads it (no weight quantized again)
+
 The chain: the gate (x @ gate.T, torch) -> route (kernels/moe/router.py) -> moe_experts
 (kernels/moe/experts.py: permute -> GateUP grouped GEMM -> SwiGLU -> Down grouped GEMM -> unpermute, the
 SwiGLU fused into the Down GEMM's quantization on the FP8 path). Every step is an autograd Function whose
@@ -19,7 +22,7 @@ import torch
 from torch import nn
 
 from kernels.common.fp8 import Float8Config
-from kernels.moe.experts import moe_experts
+from kernels.moe.experts import ExpertWeightsFp8, moe_experts
 from kernels.moe.router import RouterConfig, Routing, route
 
 
@@ -53,11 +56,20 @@ class MoEMLP(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(E, device=device) if expert_bias else None)
 
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
-        """x [T, hidden] in the parameters' dtype -> (out [T, hidden], the routing with its losses)."""
+    def quantize_weights(self) -> ExpertWeightsFp8:
+        """The expert weights quantized under the layer's FP8 config, for `forward(x, weights_fp8=)` in every
+        microbatch of one optimizer step; stale (refused by shape only, so make it again) after an update."""
+        if self.fp8 is None:
+            raise ValueError("MoEMLP.quantize_weights: the layer has no fp8 config (its experts run in bf16/fp16)")
+        return ExpertWeightsFp8.of(self.w_gate_up, self.w_down, self.fp8)
+
+    def forward(self, x: torch.Tensor, weights_fp8: ExpertWeightsFp8 | None = None) -> tuple[torch.Tensor, Routing]:
+        """x [T, hidden] in the parameters' dtype -> (out [T, hidden], the routing with its losses);
+        `weights_fp8`: quantize_weights() of this step, read instead of quantizing the expert weights."""
         if x.ndim != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"MoEMLP: x must be [T, hidden={self.hidden}], got {list(x.shape)}")
         if x.dtype != self.gate.dtype:
             raise ValueError(f"MoEMLP: x is {x.dtype} but the parameters are {self.gate.dtype}")
         routing = route(x @ self.gate.t(), self.router, self.expert_bias)
-        return moe_experts(x, routing.expert_ids, routing.probs, self.w_gate_up, self.w_down, self.fp8), routing
+        out = moe_experts(x, routing.expert_ids, routing.probs, self.w_gate_up, self.w_down, self.fp8, weights_fp8)
+        return out, routing
