@@ -11,8 +11,9 @@ inter 512); FP8 >= 1.3x our bf16; activation memory no larger than torch's.
 
 `--accumulate N`: a gradient-accumulation loop, N microbatches per optimizer step timed as one call (step_ms
 is that call over N: the weights' quantization is paid once per call, not hidden by a median); our FP8
-layer quantizes its expert weights once per call (MoEMLP.quantize_weights) and every microbatch reads
-them; the others accumulate .grad as autograd does.
+layer quantizes its expert weights once per call (MoEMLP.quantize_weights), every microbatch reads them
+and its expert wgrads add into bf16 main_grad buffers zeroed at the start of the call, as
+benchmarks/training_step.py's expert steps do; the others accumulate .grad as autograd does.
 
     python benchmarks/moe_layer.py --csv moe_layer.csv [--mode cuda-graph] [--accumulate 8]"""
 
@@ -76,11 +77,20 @@ def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[
     grad_out = torch.randn_like(x)
     params = (x, bf16.gate, bf16.w_gate_up, bf16.w_down)
 
+    # The FP8 layer's gradient-accumulation buffers (--accumulate > 1): its expert wgrads add into them.
+    main_grads = (torch.zeros_like(fp8.w_gate_up), torch.zeros_like(fp8.w_down)) if accumulate > 1 else None
+
     def ours(layer: MoEMLP) -> Forward:
         def forward(weights_fp8: ExpertWeightsFp8 | None = None) -> tuple[torch.Tensor, ...]:
-            out, routing = layer(x, weights_fp8=weights_fp8)
+            out, routing = layer(x, weights_fp8=weights_fp8, main_grads=main_grads if weights_fp8 else None)
             return out, routing.aux_loss, routing.z_loss
         return forward
+
+    def quantize_fp8() -> ExpertWeightsFp8:
+        """An optimizer step's start for the FP8 layer: its buffers zeroed, its weights quantized."""
+        for buffer in main_grads:
+            buffer.zero_()
+        return fp8.quantize_weights()
 
     def torch_layer(weights_fp8: None = None) -> tuple[torch.Tensor, ...]:
         return torch_moe_mlp(x, bf16.gate, bf16.w_gate_up, bf16.w_down, spec.router, bf16.expert_bias)
@@ -96,8 +106,8 @@ def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[
 
     gemm_flops = 6.0 * spec.tokens * spec.router.topk * spec.hidden * spec.intermediate
     rows = []
-    quantize_fp8 = fp8.quantize_weights if accumulate > 1 else None
-    impls = (("torch", torch_layer, None), ("ours bf16", ours(bf16), None), ("ours fp8", ours(fp8), quantize_fp8))
+    impls = (("torch", torch_layer, None), ("ours bf16", ours(bf16), None),
+             ("ours fp8", ours(fp8), quantize_fp8 if accumulate > 1 else None))
     times = {}
     for impl, forward, quantize in impls:
         for p in (*params, fp8.gate, fp8.w_gate_up, fp8.w_down):

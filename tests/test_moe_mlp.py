@@ -112,6 +112,19 @@ def test_prequantized_expert_weights_give_the_same_microbatches(device, half_dty
     for got, expected in zip(outs + grads_acc, plain_outs + plain_grads, strict=True):
         assert torch.equal(got, expected)
 
+    # The expert wgrads added into fp32 main_grad buffers instead: the same sums, and no .grad on the stacks.
+    main_grads = (torch.zeros_like(layer.w_gate_up, dtype=torch.float32),
+                  torch.zeros_like(layer.w_down, dtype=torch.float32))
+    layer.zero_grad(set_to_none=True)
+    weights_fp8 = layer.quantize_weights()
+    for x, grad_out in zip(xs, grads, strict=True):
+        out, _ = layer(x, weights_fp8=weights_fp8, main_grads=main_grads)
+        (out * grad_out).sum().backward()
+    assert layer.w_gate_up.grad is None and layer.w_down.grad is None
+    assert torch.equal(layer.gate.grad, plain_grads[0])
+    for buffer, expected in zip(main_grads, plain_grads[1:], strict=True):
+        assert snr_db(buffer, expected) >= snr_threshold(dtype_name(half_dtype))
+
 
 def test_swiglu_forward_and_backward(device, half_dtype):
     h = torch.randn(7, 2 * 40, dtype=half_dtype, device=device, requires_grad=True)
@@ -149,6 +162,11 @@ def test_bad_inputs_raise_one_line_value_errors(device):
          "weights_fp8 must be an ExpertWeightsFp8"),
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down, Float8Config(), weights_fp8=swapped),
          r"moe_experts \(gate_up\): b_fp8 is of a \[4, 16, 8\] weight"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down, main_grads=(ids, ids)),
+         "main_grads go with an fp8 config"),
+        (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down, Float8Config(),
+                             main_grads=(torch.zeros_like(layer.w_down), torch.zeros_like(layer.w_down))),
+         r"moe_experts \(gate_up\): main_grad"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match) as err:

@@ -26,7 +26,7 @@ from kernels.common.fp8 import Float8Config
 from kernels.common.launch import fast_launch
 from kernels.grouped_gemm import grouped_gemm
 from kernels.grouped_gemm_fp8 import WeightFp8, fp8_backward, fp8_forward, grouped_gemm_fp8, prequantize_weight
-from kernels.grouped_gemm_fp8.kernel import check_prequantized
+from kernels.grouped_gemm_fp8.kernel import check_main_grad, check_prequantized
 from kernels.moe.permute import permute, unpermute
 
 # 16-byte accesses of bf16: 8 a thread over 1024 columns, 4 rows a program.
@@ -113,12 +113,12 @@ class _SwiGLUDownFp8(torch.autograd.Function):
     swiglu_backward takes to h's."""
 
     @staticmethod
-    def forward(ctx, h, w, offs, config, w_fp8):
+    def forward(ctx, h, w, offs, config, w_fp8, main_grad):
         out = h.new_empty((h.shape[0], w.shape[1]))
         ctx.saved = fp8_forward(h, w, offs, True, config, out, needs=ctx.needs_input_grad[:2], b_fp8=w_fp8,
                                 a_glu=True)
         ctx.save_for_backward(h, offs)
-        ctx.config, ctx.w_shape = config, w.shape
+        ctx.config, ctx.w_shape, ctx.main_grad = config, w.shape, main_grad
         return out
 
     @staticmethod
@@ -127,10 +127,13 @@ class _SwiGLUDownFp8(torch.autograd.Function):
         grad_out = grad_out.to(h.dtype).contiguous()
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_a = h.new_empty((h.shape[0], h.shape[1] // 2)) if need_h else None
-        grad_w = h.new_empty(ctx.w_shape) if need_w else None
-        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w)
+        main_grad, ctx.main_grad = ctx.main_grad, None
+        grad_w = (h.new_empty(ctx.w_shape) if main_grad is None else main_grad) if need_w else None
+        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w, accumulate_b=main_grad is not None)
         ctx.saved = None
-        return swiglu_backward(h, grad_a) if need_h else None, grad_w, None, None, None
+        # With main_grad, w's gradient went into the buffer: autograd gets none to add to w.grad.
+        return (swiglu_backward(h, grad_a) if need_h else None, grad_w if main_grad is None else None,
+                None, None, None, None)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -157,12 +160,15 @@ class ExpertWeightsFp8:
 
 def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, w_gate_up: torch.Tensor,
                 w_down: torch.Tensor, fp8: Float8Config | None = None,
-                weights_fp8: ExpertWeightsFp8 | None = None) -> torch.Tensor:
+                weights_fp8: ExpertWeightsFp8 | None = None,
+                main_grads: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """An MoE layer's experts for a given routing (MoEMLP past its router): permute -> GateUP ->
     SwiGLU -> Down -> unpermute, with autograd to x, probs and both weight stacks. x [T, H]; expert_ids
     and probs [T, topk]; w_gate_up [E, 2I, H] (gate rows, then up rows); w_down [E, H, I]; fp8: the expert
     GEMMs in FP8 under that config (None: in x's dtype); weights_fp8: both stacks already quantized under
-    it (ExpertWeightsFp8.of), read instead of quantizing them."""
+    it (ExpertWeightsFp8.of), read instead of quantizing them; main_grads: (gate_up's, down's) gradient
+    accumulation buffers (FP8 only) the wgrads add into, leaving the stacks' .grad alone (Megatron's and
+    TransformerEngine's main_grad; the caller zeroes them after each optimizer step)."""
     if w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2 or w_down.ndim != 3:
         raise ValueError(f"moe_experts: w_gate_up must be [E, 2I, H] and w_down [E, H, I], got "
                          f"{list(w_gate_up.shape)} and {list(w_down.shape)}")
@@ -177,12 +183,21 @@ def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, 
             raise ValueError(f"moe_experts: weights_fp8 must be an ExpertWeightsFp8, got {type(weights_fp8).__name__}")
         for name, w8, w in (("gate_up", weights_fp8.gate_up, w_gate_up), ("down", weights_fp8.down, w_down)):
             check_prequantized(f"moe_experts ({name})", w8, w, True, fp8.forward_dtype, fp8.granularity)
+    if main_grads is not None:
+        if fp8 is None:
+            raise ValueError("moe_experts: main_grads go with an fp8 config (the bf16 experts accumulate in .grad)")
+        if not isinstance(main_grads, tuple) or len(main_grads) != 2:
+            raise ValueError("moe_experts: main_grads must be a (gate_up, down) pair of buffers")
+        for name, buffer, w in (("gate_up", main_grads[0], w_gate_up), ("down", main_grads[1], w_down)):
+            check_main_grad(f"moe_experts ({name})", buffer, w)
     p = permute(x, expert_ids, num_experts=E)
     if fp8 is None:
         h = grouped_gemm(p.permuted, w_gate_up, p.group_lens, p.group_offs)
         y = grouped_gemm(swiglu(h), w_down, p.group_lens, p.group_offs)
     else:
         gate_up_fp8, down_fp8 = (weights_fp8.gate_up, weights_fp8.down) if weights_fp8 else (None, None)
-        h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8, b_fp8=gate_up_fp8)
-        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8, down_fp8)
+        gate_up_grad, down_grad = main_grads or (None, None)
+        h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8, b_fp8=gate_up_fp8,
+                             main_grad=gate_up_grad)
+        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8, down_fp8, down_grad)
     return unpermute(y, p.row_map, probs)

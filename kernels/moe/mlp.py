@@ -7,6 +7,7 @@
 
     w8 = layer.quantize_weights()           # gradient accumulation, FP8: once per optimizer step,
     out, routing = layer(x, weights_fp8=w8) # then every microbatch reads it (no weight quantized again)
+    out, routing = layer(x, weights_fp8=w8, main_grads=(gate_up_main_grad, down_main_grad))  # wgrads add there
 
 The chain: the gate (x @ gate.T, torch) -> route (kernels/moe/router.py) -> moe_experts
 (kernels/moe/experts.py: permute -> GateUP grouped GEMM -> SwiGLU -> Down grouped GEMM -> unpermute, the
@@ -63,13 +64,17 @@ class MoEMLP(nn.Module):
             raise ValueError("MoEMLP.quantize_weights: the layer has no fp8 config (its experts run in bf16/fp16)")
         return ExpertWeightsFp8.of(self.w_gate_up, self.w_down, self.fp8)
 
-    def forward(self, x: torch.Tensor, weights_fp8: ExpertWeightsFp8 | None = None) -> tuple[torch.Tensor, Routing]:
+    def forward(self, x: torch.Tensor, weights_fp8: ExpertWeightsFp8 | None = None,
+                main_grads: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, Routing]:
         """x [T, hidden] in the parameters' dtype -> (out [T, hidden], the routing with its losses);
-        `weights_fp8`: quantize_weights() of this step, read instead of quantizing the expert weights."""
+        `weights_fp8`: quantize_weights() of this step, read instead of quantizing the expert weights;
+        `main_grads` (FP8): buffers shaped like w_gate_up and w_down that their wgrads add into (the two
+        stacks' .grad stay untouched; the caller zeroes the buffers after each optimizer step)."""
         if x.ndim != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"MoEMLP: x must be [T, hidden={self.hidden}], got {list(x.shape)}")
         if x.dtype != self.gate.dtype:
             raise ValueError(f"MoEMLP: x is {x.dtype} but the parameters are {self.gate.dtype}")
         routing = route(x @ self.gate.t(), self.router, self.expert_bias)
-        out = moe_experts(x, routing.expert_ids, routing.probs, self.w_gate_up, self.w_down, self.fp8, weights_fp8)
+        out = moe_experts(x, routing.expert_ids, routing.probs, self.w_gate_up, self.w_down, self.fp8, weights_fp8,
+                          main_grads)
         return out, routing
