@@ -51,21 +51,28 @@ def host_us(fn, calls: int = 300) -> float:
     return elapsed / calls * 1e6
 
 
-def op_host_costs(n: int = 512) -> None:
+def linear_operands(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [n, n] bf16 (also the upstream gradient), a weight w and an input xg that take gradients, and an
+    output buffer: what the host-cost parts time a Linear layer's ops on."""
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    xg = x.clone().requires_grad_()
-    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    return x, w, x.clone().requires_grad_(), torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+
+
+def linear_step(x: torch.Tensor, w: torch.Tensor, xg: torch.Tensor, config: Float8Config):
+    """One FP8 Linear training step (forward and backward through autograd) on linear_operands."""
+    def run():
+        xg.grad = w.grad = None
+        gemm_fp8(xg, w, config=config).backward(x)
+    return run
+
+
+def op_host_costs(n: int = 512) -> None:
+    x, w, xg, out = linear_operands(n)
     dense = RowGroups.equal(1, n)
     rowwise, blockwise = Float8Config(), Float8Config(granularity=Granularity.BLOCKWISE)
     saved = fp8_forward(x, w.detach(), True, rowwise, out, needs=(True, True))
     da, dw = torch.empty_like(x), torch.empty_like(x)
-
-    def step(config):
-        def run():
-            xg.grad = w.grad = None
-            gemm_fp8(xg, w, config=config).backward(x)
-        return run
 
     def bf16_step():
         xg.grad = w.grad = None
@@ -85,14 +92,14 @@ def op_host_costs(n: int = 512) -> None:
         "fp8_backward rowwise": lambda: fp8_backward(x, saved, True, rowwise, da, dw),
         "fp8_forward blockwise (no grads)": lambda: fp8_forward(x, w.detach(), True, blockwise, out),
         "step bf16 F.linear": bf16_step,
-        "step rowwise gemm_fp8": step(rowwise),
-        "step blockwise gemm_fp8": step(blockwise),
+        "step rowwise gemm_fp8": linear_step(x, w, xg, rowwise),
+        "step blockwise gemm_fp8": linear_step(x, w, xg, blockwise),
     }
     print(f"host us per call ({n}^3, bf16):")
     for name, fn in costs.items():
         print(f"  {name:36s} {host_us(fn):8.1f}")
     prof = cProfile.Profile()
-    run = step(rowwise)
+    run = linear_step(x, w, xg, rowwise)
     prof.enable()
     for _ in range(50):
         run()
@@ -108,27 +115,17 @@ def launch_paths(n: int = 512, rounds: int = 7) -> None:
     kernel[grid], alternating the two paths `rounds` times; medians and direct / triton."""
     launchers = [obj for module in (fp8_module, gemm_module, grouped_module) for obj in vars(module).values()
                  if isinstance(obj, FastLaunch)]
-    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    xg = x.clone().requires_grad_()
-    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    x, w, xg, out = linear_operands(n)
     offs = group_offsets(torch.full((8,), n // 8, device="cuda", dtype=torch.int64))
     stack = torch.randn(8, n, n, device="cuda", dtype=torch.bfloat16)
-
-    def step(config):
-        def run():
-            xg.grad = w.grad = None
-            gemm_fp8(xg, w, config=config).backward(x)
-        return run
-
     ops = {
         "quantize_rows rowwise (1 launch)": lambda: quantize_rows(x, E4M3, Granularity.ROWWISE),
         "quantize_both rowwise (2 launches)":
             lambda: quantize_both(x, E4M3, Granularity.ROWWISE, RowGroups.equal(1, n)),
         "launch_tma bf16 (1 launch)": lambda: launch_tma(x, x.t(), out, triton_cfg()),
         "grouped forward bf16, 8 groups (1 launch)": lambda: grouped_forward(x, stack, offs, True, out),
-        "Linear step rowwise": step(Float8Config()),
-        "Linear step blockwise": step(Float8Config(granularity=Granularity.BLOCKWISE)),
+        "Linear step rowwise": linear_step(x, w, xg, Float8Config()),
+        "Linear step blockwise": linear_step(x, w, xg, Float8Config(granularity=Granularity.BLOCKWISE)),
     }
     times: dict[str, dict[bool, list[float]]] = {name: {True: [], False: []} for name in ops}
     for _ in range(rounds):
