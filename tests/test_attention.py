@@ -21,7 +21,7 @@ from kernels.attention import (
     dense_shape,
     packed_shape,
 )
-from kernels.attention.tuning import PASSES, TUNED_TABLE, buckets_for, config_for, fits
+from kernels.attention.tuning import FP8_VARIANT, PASSES, TUNED_TABLE, buckets_for, config_for, fits
 from kernels.common.dtypes import dtype_name
 from tests.graph_replay import replay_and_eager
 
@@ -255,11 +255,14 @@ def test_bad_input_gets_a_one_line_value_error(what, match, device):
 
 def test_tuned_table_lies_in_the_tunable_space_and_fits():
     for d in (64, 128, 192, 256):
-        for pass_ in PASSES:
+        for pass_ in (*PASSES, "fwd_fp8"):
             config_for(pass_, d, 128 if d == 192 else d)  # raises if a knob lies outside the space
     assert all(fits(cfg) for cfg in TUNED_TABLE.values())
+    # 1-byte operands: an FP8 tile fits where the same 16-bit one would not.
+    assert not fits(TUNED_TABLE["fwd_fp8-d128"] | {"ELEMENT_BYTES": 2})
     assert buckets_for({"D": 192, "Dv": 128}) == {"fwd-d256", "bwd_kv-d256", "bwd_q-d256"}
     assert buckets_for({"D": 64}) == {"fwd-d64", "bwd_kv-d64", "bwd_q-d64"}
+    assert buckets_for({"D": 128}, FP8_VARIANT) == {"fwd_fp8-d128", "bwd_kv-d128", "bwd_q-d128"}
 
 
 def test_attention_shapes_presets_and_schema():

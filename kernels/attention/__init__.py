@@ -5,12 +5,22 @@ sliding window; bf16/fp16, fp32 accumulation.
     out = attention(q, k, v, causal=True)            # q [B, S, Hq, D], k/v [B, S, Hkv, D]
     out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)   # q [total_q, Hq, D]
     out.backward(grad_out)
+    out = attention(q, k, v, causal=True, fp8_forward=True)   # the forward in FP8 (E4M3), the backward bf16
+
+    q8, q_scale = quantize_heads(q)                  # E4M3 with one scale per sequence and head
+    k8, k_scale = quantize_heads(k)
+    v8, v_scale = quantize_heads(v, sequence_major=True)
+    out, lse = attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal=True,
+                                 scales=HeadScales(q_scale, k_scale, v_scale))   # bf16 out
 
 Semantics are flash-attn's (kernels/attention/kernel.py says them in full): causal aligned bottom-right
 when Sq != Sk, `window` = keys left of the diagonal a query sees (window_size=(window, 0); causal only),
 softmax_scale 1/sqrt(D) by default. Head dims 64, 128, 192 and 256; q/k and v head dims may differ (MLA:
-192/128). Inputs are checked here (a one-line ValueError); cu_seqlens' values are not: reading them
-would need the host, and the kernels never do, so a step can be captured in a CUDA graph.
+192/128). The FP8 forward computes both products in E4M3 with fp32 accumulation (P scaled into the
+format's normal range); a v laid out sequence-major (`quantize_heads(..., sequence_major=True)`) is
+the operand Hopper's FP8 tensor cores read without a transpose. Inputs are checked here (a one-line
+ValueError); cu_seqlens' values are not: reading them would need the host, and the kernels never do,
+so a step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -19,10 +29,18 @@ import math
 
 import torch
 
-from kernels.attention.kernel import AttentionFunction, AttentionShape, backward_into, forward_into
+from kernels.attention.kernel import (
+    AttentionFunction,
+    AttentionShape,
+    HeadScales,
+    backward_into,
+    forward_into,
+    quantize_heads,
+)
 from kernels.common.device import check_same_device
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPE = torch.float8_e4m3fn
 SUPPORTED_HEAD_DIMS = (64, 128, 192, 256)
 
 
@@ -49,8 +67,9 @@ def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int)
             layout = "[B, S, H, D]" if rank == 4 else "[total, H, D]"
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise _fail(f"{name} must be {rank}-D {layout}, got {got}")
-    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise _fail(f"q, k and v must all be bf16 or fp16, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if q.dtype not in (*SUPPORTED_DTYPES, FP8_DTYPE) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _fail(f"q, k and v must all be bf16 or fp16 (float8_e4m3fn for the FP8 forward), got {q.dtype}, "
+                    f"{k.dtype} and {v.dtype}")
     check_same_device(q=q, k=k, v=v)
     (hq, dqk), (hk, dk), (hv, dv) = q.shape[-2:], k.shape[-2:], v.shape[-2:]
     if dk != dqk:
@@ -107,6 +126,24 @@ def _check_buffer(
         raise _fail(f"{name} must be {list(shape)} {want} on {device}, got {list(t.shape)} {t.dtype} on {t.device}")
 
 
+def _check_high_precision(q: torch.Tensor, what: str) -> None:
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise _fail(f"{what} takes bf16 or fp16 q, k and v, got {q.dtype} (FP8 inputs: attention_forward with "
+                    "scales=)")
+
+
+def _check_scales(scales: HeadScales, shape: AttentionShape, q: torch.Tensor) -> None:
+    if not isinstance(scales, HeadScales):
+        raise _fail(f"scales must be a HeadScales, got {type(scales).__name__}")
+    if q.dtype != FP8_DTYPE:
+        raise _fail(f"scales go with float8_e4m3fn q, k and v, got {q.dtype}")
+    for name, t, heads in (("q", scales.q, shape.heads_q), ("k", scales.k, shape.heads_kv),
+                           ("v", scales.v, shape.heads_kv)):
+        _check_buffer(f"scales.{name}", t, (shape.batch, heads), torch.float32, q.device)
+        if not t.is_contiguous():
+            raise _fail(f"scales.{name} must be contiguous")
+
+
 def _check_lse(lse: torch.Tensor, shape: AttentionShape, q: torch.Tensor) -> None:
     _check_buffer("lse", lse, shape.lse_shape(q.shape[0]), torch.float32, q.device)
     if lse.stride(-1) != 1:
@@ -116,19 +153,28 @@ def _check_lse(lse: torch.Tensor, shape: AttentionShape, q: torch.Tensor) -> Non
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape, causal: bool = False,
     softmax_scale: float | None = None, window: int | None = None,
-    out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, lse: torch.Tensor | None = None, scales: HeadScales | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward without autograd, into `out` (q's dtype or fp32) and `lse` when given: returns (out, LSE),
-    the LSE natural-log fp32 [B, Hq, Sq] ([Hq, total_q] packed). `shape` from dense_shape / packed_shape."""
+    """The forward without autograd, into `out` (q's dtype or fp32; bf16 by default for FP8 inputs) and
+    `lse` when given: returns (out, LSE), the LSE natural-log fp32 [B, Hq, Sq] ([Hq, total_q] packed).
+    `shape` from dense_shape / packed_shape. `scales`: q, k and v are E4M3 (quantize_heads) and the
+    forward runs in FP8."""
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
+    if scales is None:
+        _check_high_precision(q, "attention_forward without scales")
+    else:
+        _check_scales(scales, shape, q)
     rows = q.shape[0]
+    out_dtype = torch.bfloat16 if scales is not None else q.dtype
     if out is None:
-        out = q.new_empty(shape.out_shape(rows))
-    _check_buffer("out", out, shape.out_shape(rows), q.dtype, q.device, also=torch.float32)
+        out = torch.empty(shape.out_shape(rows), device=q.device, dtype=out_dtype)
+    if scales is not None and out.dtype in SUPPORTED_DTYPES:
+        out_dtype = out.dtype
+    _check_buffer("out", out, shape.out_shape(rows), out_dtype, q.device, also=torch.float32)
     if lse is None:
         lse = torch.empty(shape.lse_shape(rows), device=q.device, dtype=torch.float32)
     _check_lse(lse, shape, q)
-    forward_into(q, k, v, out, lse, shape, causal, scale, window)
+    forward_into(q, k, v, out, lse, shape, causal, scale, window, scales)
     return out, lse
 
 
@@ -139,6 +185,7 @@ def attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward without autograd, from the forward's out and LSE, into dq, dk, dv when given."""
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
+    _check_high_precision(q, "attention_backward")
     _check_buffer("out", out, shape.out_shape(q.shape[0]), q.dtype, q.device, also=torch.float32)
     _check_buffer("grad_out", grad_out, tuple(out.shape), q.dtype, q.device)
     _check_lse(lse, shape, q)
@@ -154,29 +201,33 @@ def attention_backward(
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
-    window: int | None = None,
+    window: int | None = None, fp8_forward: bool = False,
 ) -> torch.Tensor:
     """softmax(q k^T * softmax_scale) v with autograd. q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv]
-    (Hkv divides Hq); returns [B, Sq, Hq, Dv]."""
+    (Hkv divides Hq); returns [B, Sq, Hq, Dv]. `fp8_forward`: the forward quantizes q, k and v to E4M3 (one
+    scale per sequence and head) and runs in FP8; the backward runs in q's dtype from the saved inputs."""
     shape = dense_shape(q, k, v)
+    _check_high_precision(q, "attention")
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
-    return AttentionFunction.apply(q, k, v, shape, causal, scale, window)
+    return AttentionFunction.apply(q, k, v, shape, causal, scale, window, fp8_forward)
 
 
 def attention_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, max_seqlen_k: int, causal: bool = False, softmax_scale: float | None = None,
-    window: int | None = None,
+    window: int | None = None, fp8_forward: bool = False,
 ) -> torch.Tensor:
     """attention over packed sequences with autograd: q [total_q, Hq, D], k/v [total_k, Hkv, D];
     sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] (int32 on q's device, empty sequences allowed);
-    max_seqlen_* are host ints, at least the longest sequence (they size the grid). Returns [total_q, Hq, Dv]."""
+    max_seqlen_* are host ints, at least the longest sequence (they size the grid). Returns [total_q, Hq, Dv].
+    `fp8_forward` as in `attention`."""
     shape = packed_shape(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _check_high_precision(q, "attention_varlen")
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
-    return AttentionFunction.apply(q, k, v, shape, causal, scale, window)
+    return AttentionFunction.apply(q, k, v, shape, causal, scale, window, fp8_forward)
 
 
 __all__ = [
-    "AttentionShape", "attention", "attention_backward", "attention_forward", "attention_varlen", "dense_shape",
-    "packed_shape",
+    "AttentionShape", "HeadScales", "attention", "attention_backward", "attention_forward", "attention_varlen",
+    "dense_shape", "packed_shape", "quantize_heads",
 ]

@@ -44,9 +44,13 @@ import triton.language as tl
 
 from kernels.attention.tuning import AttentionConfig, config_for
 from kernels.common.device import cdiv
+from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, FP8_MAX, to_fp8_range
 from kernels.common.launch import fast_launch
 
 LOG2E = math.log2(math.e)
+# FP8 forward: P (in [0, 1]) times this before its cast to E4M3 (max 448): values down to 2^-14 stay normal
+# numbers of the format instead of flushing to its subnormals below 2^-6.
+P_SCALE = tl.constexpr(256.0)
 # Rows per program of the delta preprocess (a memory-bound row reduction).
 PREPROCESS_BLOCK_M = 64
 
@@ -152,8 +156,12 @@ def _store_tile(ptrs, tile, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl
 def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_dqk, offs_dv,
                 lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
-                HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """The online softmax over key blocks lo..hi: running max m_i (base 2), running sum l_i, acc += P @ V."""
+                HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr,
+                EMULATE: tl.constexpr):
+    """The online softmax over key blocks lo..hi: running max m_i (base 2), running sum l_i, acc += P @ V.
+    FP8: P (at most 1) enters the P @ V product as fp8 scaled by P_SCALE, so that its small values stay
+    normal numbers of the format; the caller divides it out with v's scale."""
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + offs_n
         key_ok = cols < seqlen_k
@@ -169,7 +177,10 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, 
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        p_operand = p
+        if FP8:
+            p_operand = to_fp8_range(p * P_SCALE, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        acc = tl.dot(p_operand.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
@@ -177,7 +188,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, 
 @fast_launch
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k,
+    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k, Q_SCALE, K_SCALE, V_SCALE,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -187,7 +198,10 @@ def _fwd_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr,
 ):
+    """FP8: q, k, v hold fp8 values whose scales (fp32, one per sequence and head: [B, Hq] for q, [B, Hkv]
+    for k and v) Q_SCALE, K_SCALE and V_SCALE point at; the scores' scale folds q's and k's in."""
     pid_m = _query_block(CAUSAL)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_q
@@ -214,6 +228,12 @@ def _fwd_kernel(
     k_ptrs = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
     v_ptrs = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
 
+    out_scale = 1.0
+    if FP8:
+        kv_index = b * (heads_q // group) + kvh
+        qk_scale = qk_scale * tl.load(Q_SCALE + b * heads_q + h) * tl.load(K_SCALE + kv_index)
+        out_scale = tl.load(V_SCALE + kv_index) / P_SCALE
+
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -222,19 +242,19 @@ def _fwd_kernel(
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
                                 offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window, qk_scale,
                                 True, CAUSAL, WINDOW, BLOCK_N,
-                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
                                 offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                                 False, CAUSAL, WINDOW, BLOCK_N,
-                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
                                 offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                                 True, CAUSAL, WINDOW, BLOCK_N,
-                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
 
     # A row that saw no key (causal with Sq > Sk) has l_i = 0: output 0, LSE +inf.
     seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    out = acc * (out_scale / tl.where(seen, l_i, 1.0))[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) / 1.4426950408889634, float("inf"))
     o_ptrs = O + bq * stride_ob + h * stride_oh + q_rows[:, None] * stride_os + offs_dv[None, :] * stride_od
     _store_tile(o_ptrs, out, row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV)
@@ -519,21 +539,33 @@ def _launch(cfg: AttentionConfig) -> dict[str, int]:
     return {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
+@dataclass(frozen=True)
+class HeadScales:
+    """The scales of FP8 q, k and v (`x ~= data * scale`): fp32, contiguous, one per sequence and head,
+    q [B, Hq], k and v [B, Hkv]."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
 def forward_into(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    shape: AttentionShape, causal: bool, scale: float, window: int | None,
+    shape: AttentionShape, causal: bool, scale: float, window: int | None, scales: HeadScales | None = None,
 ) -> None:
-    """Write softmax(q k^T * scale) v into out and its natural-log LSE into lse (fp32)."""
-    cfg = config_for("fwd", shape.head_dim_qk, shape.head_dim_v)
+    """Write softmax(q k^T * scale) v into out and its natural-log LSE into lse (fp32). With `scales`,
+    q, k and v are E4M3 and both products run in FP8 (the `fwd_fp8` buckets of the tuned table)."""
+    cfg = config_for("fwd" if scales is None else "fwd_fp8", shape.head_dim_qk, shape.head_dim_v)
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] == 0:
         return
+    scale_ptrs = (q, q, q) if scales is None else (scales.q, scales.k, scales.v)  # not read without FP8
     _fwd_kernel[grid](
-        q, k, v, out, lse, *_cu(shape, q),
+        q, k, v, out, lse, *_cu(shape, q), *scale_ptrs,
         *_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(out, shape),
         *_lse_strides(lse, shape),
         shape.heads_q, shape.group, shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E,
-        **_common(shape, causal, window), **_launch(cfg),
+        **_common(shape, causal, window), **_launch(cfg), FP8=scales is not None, **FORMAT_ARGS[torch.float8_e4m3fn],
     )
 
 
@@ -574,14 +606,48 @@ def backward_into(
         )
 
 
+def quantize_heads(
+    x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, sequence_major: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k or v (bf16/fp16; [B, S, H, D], or packed [total, H, D] with its cu_seqlens) in E4M3 with one
+    fp32 scale per sequence and head, [B, H] contiguous ([batch, H] packed): `x ~= data * scale`.
+    `sequence_major`: the data is indexed as x but laid out with the sequence dim contiguous, the K-major
+    operand that the FP8 forward's P @ V product reads on Hopper: pass it for v. Torch ops on the device,
+    no host sync (a packed row's sequence is found by a search of cu_seqlens)."""
+    fp8, fmax = torch.float8_e4m3fn, FP8_MAX[torch.float8_e4m3fn]
+    row_amax = x.abs().amax(dim=-1).float()  # [B, S, H] or [total, H]
+    if cu_seqlens is None:
+        amax = row_amax.amax(dim=1)
+        per_row = amax.clamp_min(AMAX_EPS)[:, None, :, None]
+    else:
+        rows = torch.arange(x.shape[0], device=x.device, dtype=cu_seqlens.dtype)
+        seq = torch.searchsorted(cu_seqlens[1:], rows, right=True)
+        amax = torch.zeros((cu_seqlens.numel() - 1, x.shape[1]), device=x.device, dtype=torch.float32)
+        amax.scatter_reduce_(0, seq[:, None].expand(-1, x.shape[1]), row_amax, "amax")
+        per_row = amax.clamp_min(AMAX_EPS)[seq][:, :, None]
+    data = torch.empty_like(x, dtype=fp8)
+    if sequence_major:  # [B, H, D, S] in memory ([H, D, total] packed), indexed as x
+        order = (0, 2, 3, 1) if x.ndim == 4 else (1, 2, 0)
+        data = data.permute(order).contiguous().permute([order.index(i) for i in range(x.ndim)])
+    data.copy_((x.float() * (fmax / per_row)).clamp_(-fmax, fmax))
+    return data, amax.clamp_min(AMAX_EPS) / fmax
+
+
 class AttentionFunction(torch.autograd.Function):
-    """attention with autograd: saves q, k, v, out and the LSE; the backward runs the three passes."""
+    """attention with autograd: saves q, k, v, out and the LSE; the backward runs the three passes.
+    `fp8_forward`: the forward quantizes q, k and v (quantize_heads) and runs in FP8; the backward is the
+    bf16 one, on the saved high-precision inputs and the FP8 forward's out and LSE."""
 
     @staticmethod
-    def forward(ctx, q, k, v, shape, causal, scale, window):
+    def forward(ctx, q, k, v, shape, causal, scale, window, fp8_forward=False):
         out = q.new_empty(shape.out_shape(q.shape[0]))
         lse = torch.empty(shape.lse_shape(q.shape[0]), device=q.device, dtype=torch.float32)
-        forward_into(q, k, v, out, lse, shape, causal, scale, window)
+        if fp8_forward:
+            (q8, q_scale), (k8, k_scale) = quantize_heads(q, shape.cu_seqlens_q), quantize_heads(k, shape.cu_seqlens_k)
+            v8, v_scale = quantize_heads(v, shape.cu_seqlens_k, sequence_major=True)
+            forward_into(q8, k8, v8, out, lse, shape, causal, scale, window, HeadScales(q_scale, k_scale, v_scale))
+        else:
+            forward_into(q, k, v, out, lse, shape, causal, scale, window)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (shape, causal, scale, window)
         return out
@@ -591,4 +657,4 @@ class AttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         backward_into(grad_out.to(q.dtype), q, k, v, out, lse, dq, dk, dv, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None

@@ -21,13 +21,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.attention import (
     AttentionShape,
+    HeadScales,
     attention,
     attention_backward,
     attention_forward,
     attention_varlen,
     dense_shape,
     packed_shape,
+    quantize_heads,
 )
+from kernels.attention.tuning import FP8_VARIANT
 from kernels.common.dtypes import dtype_name
 from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
 
@@ -181,14 +184,30 @@ def bytes_moved(problem: Problem) -> tuple[float, float]:
 
 
 def snr_formats(problem: Problem) -> dict[str, str]:
-    name = dtype_name(problem.dtype)
+    """The inputs' dtype; `e4m3-attention` (rules/iteration_rules.yaml) for every output of the FP8 forward
+    (the gradients read its out and LSE)."""
+    name = "e4m3-attention" if problem.variant == FP8_VARIANT else dtype_name(problem.dtype)
     return dict.fromkeys(("out", "dq", "dk", "dv"), name)
 
 
-def _forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
+def _forward_high_precision(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     causal, window = _options(problem)
     attention_forward(inputs["q"], inputs["k"], inputs["v"], _shape(problem, inputs), causal, None, window,
                       out=outputs["out"], lse=outputs["lse"])
+
+
+def _forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
+    """Our forward; in FP8_VARIANT with its quantization of q, k and v (per sequence and head), as a training
+    step's forward pays it."""
+    if problem.variant != FP8_VARIANT:
+        _forward_high_precision(problem, inputs, outputs)
+        return
+    causal, window = _options(problem)
+    cu = inputs.get("cu_seqlens")
+    (q, q_scale), (k, k_scale) = quantize_heads(inputs["q"], cu), quantize_heads(inputs["k"], cu)
+    v, v_scale = quantize_heads(inputs["v"], cu, sequence_major=True)
+    attention_forward(q, k, v, _shape(problem, inputs | {"q": q, "k": k, "v": v}), causal, None, window,
+                      out=outputs["out"], lse=outputs["lse"], scales=HeadScales(q_scale, k_scale, v_scale))
 
 
 def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
@@ -202,11 +221,13 @@ def train_step(problem: Problem, inputs: Tensors) -> Tensors:
     """out = attention(q, k, v) on leaf copies, then the backward of sum(out * grad_out) (see gemm_train_step)."""
     causal, window = _options(problem)
     q, k, v = (inputs[name].detach().clone().requires_grad_() for name in ("q", "k", "v"))
+    fp8_forward = problem.variant == FP8_VARIANT
     if problem.group_lens is None:
-        out = attention(q, k, v, causal=causal, window=window)
+        out = attention(q, k, v, causal=causal, window=window, fp8_forward=fp8_forward)
     else:
         cu, longest = inputs["cu_seqlens"], max(problem.group_lens, default=0)
-        out = attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, window=window)
+        out = attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, window=window,
+                               fp8_forward=fp8_forward)
     (out * inputs["grad_out"]).sum().backward()
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -317,7 +338,10 @@ SPEC = OpSpec(
         _sdpa_runner("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
         _sdpa_runner("sdpa-flash", SDPBackend.FLASH_ATTENTION),
         Runner("flex_attention", _flex_forward, _baseline_backward("flex_attention")),
+        # The FP8 forward's anchor: our own forward in the inputs' dtype.
+        Runner("turbo-opt bf16", _forward_high_precision, _backward, variants=(FP8_VARIANT,)),
     ),
+    variants=("default", FP8_VARIANT),
     default_preset="llama3-8b",
     train_step=train_step,
     fp32_accumulation=True,

@@ -1,14 +1,16 @@
 """attention: the tunable space and the tuned table ((pass, head dim) bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
-A bucket is a pass (`fwd`, `bwd_kv`: dK/dV per K/V block, `bwd_q`: dQ per Q block) and the padded
-head dim (the larger of the q/k and v head dims, rounded up to a power of two: MLA's 192/128 runs
-in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass. HEAD_DIM is no knob
-(the search never moves it): it tells `fits` the bucket's head dim.
+A bucket is a pass (`fwd`, `fwd_fp8`: the FP8 forward, `bwd_kv`: dK/dV per K/V block, `bwd_q`: dQ per
+Q block) and the padded head dim (the larger of the q/k and v head dims, rounded up to a power of two:
+MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass.
+HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them): they tell `fits` the bucket's
+head dim and operand width.
 
 Starting points (not yet measured here): the Triton fused-attention tutorial's Hopper choices:
 a 128x64 forward tile with 3 stages; narrow query blocks (32) against wide key blocks for dK/dV,
 the transpose for dQ; smaller tiles and fewer stages at d256, where registers and shared memory run out.
+The FP8 forward starts from 128x128 tiles (its operands are half as wide), d256 from the bf16 forward's.
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
+    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
 }
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
+# The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
+FP8_VARIANT = "e4m3-forward"
 
 
 @dataclass(frozen=True)
@@ -68,16 +75,17 @@ def config_for(pass_: str, head_dim_qk: int, head_dim_v: int) -> AttentionConfig
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
-    """Buckets an attention step of these dims uses: the forward and both backward passes."""
+    """Buckets an attention step of these dims uses: the forward (FP8 in FP8_VARIANT) and both backward passes."""
     d, dv = dims["D"], dims.get("Dv", dims["D"])
-    return {bucket(pass_, d, dv) for pass_ in PASSES}
+    passes = ("fwd_fp8", *PASSES[1:]) if variant == FP8_VARIANT else PASSES
+    return {bucket(pass_, d, dv) for pass_ in passes}
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
     """Whether a config's tiles fit a Hopper SM's shared memory (the search skips the rest), estimated as a
     query and a key tile per pipeline stage plus one more of each for the tiles a program keeps (q, or k
-    and v), each as wide as the bucket's head dim, 16-bit elements. Triton 3.6's allocation for the table's
+    and v), each as wide as the bucket's head dim, of ELEMENT_BYTES (2 unless the bucket says: fp8, 1). Triton 3.6's allocation for the table's
     d128 / d256 configs (sm_90, compiled without a GPU): 112-160 KiB, under this estimate; a config past
     the real limit fails to compile, and its round fails with it."""
     tiles = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * (cfg["num_stages"] + 1)
-    return tiles * cfg["HEAD_DIM"] * 2 <= SHARED_MEMORY_BYTES
+    return tiles * cfg["HEAD_DIM"] * cfg.get("ELEMENT_BYTES", 2) <= SHARED_MEMORY_BYTES

@@ -91,7 +91,7 @@ class Float8Config:
 
 
 @triton.jit
-def _to_fp8_range(x, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr):
+def to_fp8_range(x, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr):
     """Saturate to the format's range; under the CPU interpreter also round to the fp8 grid.
 
     Callers scale by the reciprocal of the scale, one division per row or column instead of one per
@@ -154,7 +154,7 @@ def _quantize_rows_kernel(
         if MODE == 2:  # BLOCK_C == 128: one scale per row per block
             scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
             tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + c0 // BLOCK_C, scale, mask=row_mask)
-        q = _to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
@@ -291,10 +291,10 @@ def _quantize_both_kernel(
         if (cb == 0) & (tb < SCALE_GROUPS):
             tl.store(scale_ptr + tb, tl.maximum(tl.load(group_amax_ptr + tb), EPS) / FP8_MAX)
     if ROWS:
-        q = _to_fp8_range(x * (1.0 / row_scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        q = to_fp8_range(x * (1.0 / row_scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q.to(q_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])
-    qt = _to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+    qt = to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     qt = qt.to(qt_ptr.dtype.element_ty)
     dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
     # Programs past the layout (tb >= TOKEN_BLOCKS) only write scales.
@@ -320,7 +320,7 @@ def _quantize_blocks_2d_kernel(
     w = tl.load(w_ptr + base + rows[:, None] * C + cols[None, :], mask=mask).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(w)), EPS) / FP8_MAX
     tl.store(scale_ptr + (g * tl.num_programs(1) + rb) * tl.num_programs(2) + cb, scale)
-    q = _to_fp8_range(w * (1.0 / scale), FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(q_ptr.dtype.element_ty)
+    q = to_fp8_range(w * (1.0 / scale), FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(q_ptr.dtype.element_ty)
     tl.store(q_ptr + base + rows[:, None] * C + cols[None, :], q, mask=mask)
     tl.store(qt_ptr + base + cols[:, None] * R + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 

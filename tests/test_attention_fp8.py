@@ -1,0 +1,223 @@
+"""attention's FP8 forward (E4M3 q, k, v with one scale per sequence and head): against float64 on the
+unquantized inputs (the `e4m3-attention` floor of the rules) and, tighter, on the quantized ones (the
+kernel's own error: the E4M3 probabilities); dense, GQA, causal, window, every head dim, rows that see no
+key, packed sequences with empty and one-token ones; quantize_heads; the training step (FP8 forward, bf16
+backward); bad input; the OpSpec variant; on a GPU, bf16 outputs and CUDA-graph replay."""
+
+import math
+
+import pytest
+import torch
+
+from harness.quick_test_bench import run_bench
+from harness.registry import get_spec
+from harness.shapes import load_shapes
+from harness.snr import snr_db, snr_threshold
+from kernels.attention import (
+    HeadScales,
+    attention,
+    attention_backward,
+    attention_forward,
+    attention_varlen,
+    dense_shape,
+    packed_shape,
+)
+from kernels.attention import quantize_heads as quantize
+from kernels.attention.tuning import FP8_VARIANT
+from kernels.common.fp8 import AMAX_EPS, FP8_MAX
+from tests.graph_replay import replay_and_eager
+from tests.test_attention import DENSE_CASES, make, packed, packed_reference, reference
+
+E4M3_MAX = FP8_MAX[torch.float8_e4m3fn]
+FLOOR = snr_threshold("e4m3-attention")
+# The kernel against float64 attention on its own quantized inputs: what is left is the E4M3 rounding of
+# the probabilities (33-36 dB measured).
+KERNEL_FLOOR = 30.0
+
+
+def dequantized(x8, scale, cu=None):
+    """x8 * scale in float64, the scale of each row's sequence and head."""
+    if cu is None:
+        return x8.double() * scale.double()[:, None, :, None]
+    seq = torch.searchsorted(cu[1:], torch.arange(x8.shape[0], device=x8.device, dtype=cu.dtype), right=True)
+    return x8.double() * scale.double()[seq][:, :, None]
+
+
+def fp8_inputs(q, k, v, cu_q=None, cu_k=None):
+    (q8, qs), (k8, ks) = quantize(q, cu_q), quantize(k, cu_k)
+    v8, vs = quantize(v, cu_k, sequence_major=True)
+    return (q8, k8, v8), HeadScales(qs, ks, vs)
+
+
+FP8_CASES = {name: DENSE_CASES[name] for name in (
+    "mha-d64-s77", "gqa-causal-d64-s150", "mqa-causal-d128-q45-k80", "causal-q100-k37-empty-rows",
+    "noncausal-q33-k150-d128", "causal-d256-s50", "mla-causal-d192-v128-s61", "window16-gqa-s150")}
+
+
+@pytest.mark.parametrize("case", FP8_CASES.values(), ids=FP8_CASES.keys())
+def test_fp8_forward_matches_float64(case, device, half_dtype):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
+    (q8, k8, v8), scales = fp8_inputs(q, k, v)
+    out = torch.full((B, Sq, Hq, Dv), math.nan, device=device, dtype=half_dtype)
+    lse = torch.full((B, Hq, Sq), math.nan, device=device)
+    attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal, window=window, out=out, lse=lse, scales=scales)
+    want = reference(q, k, v, g, causal, window)[0]
+    assert snr_db(out, want) >= FLOOR, snr_db(out, want)
+    on_quantized = reference(dequantized(q8, scales.q), dequantized(k8, scales.k), dequantized(v8, scales.v), g,
+                             causal, window)[0]
+    assert snr_db(out, on_quantized) >= KERNEL_FLOOR, snr_db(out, on_quantized)
+    # The LSE the backward reads: +inf on the rows that see no key, finite elsewhere, and right.
+    blind = want.abs().amax(dim=(2, 3)) == 0  # [B, Sq]
+    assert torch.isinf(lse.transpose(1, 2)[blind]).all() and torch.isfinite(lse.transpose(1, 2)[~blind]).all()
+
+
+def test_fp8_forward_of_packed_sequences(device, half_dtype):
+    lens_q, lens_k = (0, 1, 70, 29, 130), (0, 1, 70, 29, 130)
+    q, k, v, g, cu_q, cu_k = packed(lens_q, lens_k, 4, 2, 64, 64, half_dtype, device)
+    (q8, k8, v8), scales = fp8_inputs(q, k, v, cu_q, cu_k)
+    shape = packed_shape(q8, k8, v8, cu_q, cu_k, max(lens_q) + 9, max(lens_k))
+    out = torch.full_like(g, math.nan)
+    attention_forward(q8, k8, v8, shape, causal=True, out=out, scales=scales)
+    want = packed_reference(q, k, v, g, lens_q, lens_k, True, None)[0]
+    assert snr_db(out, want) >= FLOOR, snr_db(out, want)
+    on_quantized = packed_reference(dequantized(q8, scales.q, cu_q), dequantized(k8, scales.k, cu_k),
+                                    dequantized(v8, scales.v, cu_k), g, lens_q, lens_k, True, None)[0]
+    assert snr_db(out, on_quantized) >= KERNEL_FLOOR, snr_db(out, on_quantized)
+
+
+def test_quantize_heads_scales_each_sequence_and_head(device, half_dtype):
+    q, _, v, _ = make(2, 37, 37, 3, 3, 64, 64, half_dtype, device)
+    q8, scale = quantize(q)
+    assert q8.dtype == torch.float8_e4m3fn and scale.shape == (2, 3) and scale.is_contiguous()
+    torch.testing.assert_close(scale, q.float().abs().amax(dim=(1, 3)) / E4M3_MAX)
+    assert (q8.float().abs().amax(dim=(1, 3)) == E4M3_MAX).all()  # each head's largest value maps to the max
+    # Round to nearest: within half an E4M3 step (3 mantissa bits) of the value.
+    err = (dequantized(q8, scale) - q.double()).abs()
+    assert (err <= q.double().abs() * 2.0**-4 + scale.double().amax() * 2.0**-9).all()
+    v8, v_scale = quantize(v, sequence_major=True)
+    assert v8.shape == v.shape and v8.stride(1) == 1
+    assert torch.equal(v8.float(), quantize(v)[0].float()) and torch.equal(v_scale, quantize(v)[1])
+    # Packed: one scale per sequence; an empty sequence gets the floor's.
+    lens = (0, 5, 40)
+    qp, _, vp, _, cu, _ = packed(lens, lens, 2, 2, 64, 64, half_dtype, device)
+    qp8, scale = quantize(qp, cu)
+    assert scale.shape == (3, 2)
+    assert torch.equal(scale[0], torch.full_like(scale[0], AMAX_EPS / E4M3_MAX))
+    for b, (start, n) in enumerate(((0, 5), (5, 40)), start=1):
+        torch.testing.assert_close(scale[b], qp[start:start + n].float().abs().amax(dim=(0, 2)) / E4M3_MAX)
+        assert (qp8[start:start + n].float().abs().amax(dim=(0, 2)) == E4M3_MAX).all()
+    vp8, _ = quantize(vp, cu, sequence_major=True)
+    assert vp8.stride(0) == 1 and torch.equal(vp8.float(), quantize(vp, cu)[0].float())
+
+
+@pytest.mark.parametrize("packed_step", [False, True], ids=["dense", "packed"])
+def test_training_step_with_the_fp8_forward(packed_step, device, half_dtype):
+    """fp8_forward: the FP8 forward, then the high-precision backward from its out and LSE on the saved
+    inputs: the gradients are what attention_backward gives for that out and LSE, bit for bit."""
+    lens = (0, 1, 70, 29)
+    if packed_step:
+        q, k, v, g, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
+        shape = packed_shape(q, k, v, cu, cu, 70, 70)
+        want = packed_reference(q, k, v, g, lens, lens, True, None)
+    else:
+        q, k, v, g = make(2, 90, 90, 4, 2, 64, 64, half_dtype, device)
+        shape = dense_shape(q, k, v)
+        cu = None
+        want = reference(q, k, v, g, True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    if packed_step:
+        out = attention_varlen(*leaves, cu, cu, 70, 70, causal=True, fp8_forward=True)
+    else:
+        out = attention(*leaves, causal=True, fp8_forward=True)
+    out.backward(g)
+    for name, got, ref in zip(("out", "dq", "dk", "dv"), (out, *(t.grad for t in leaves)), want, strict=True):
+        assert snr_db(got, ref) >= FLOOR, (name, snr_db(got, ref))
+    inputs8, scales = fp8_inputs(q, k, v, cu, cu)
+    out8, lse8 = attention_forward(*inputs8, shape, causal=True, out=torch.empty_like(g), scales=scales)
+    assert torch.equal(out8, out.detach())
+    grads = attention_backward(g, q, k, v, out8, lse8, shape, causal=True)
+    assert all(torch.equal(a, t.grad) for a, t in zip(grads, leaves, strict=True))
+
+
+def _bad(device, what):
+    q, k, v, _ = make(1, 8, 8, 4, 2, 64, 64, torch.float16, device)
+    (q8, k8, v8), scales = fp8_inputs(q, k, v)
+    shape = dense_shape(q8, k8, v8)
+    if what == "scales with 16-bit inputs":
+        return lambda: attention_forward(q, k, v, dense_shape(q, k, v), scales=scales)
+    if what == "fp8 without scales":
+        return lambda: attention_forward(q8, k8, v8, shape)
+    if what == "fp8 into autograd":
+        return lambda: attention(q8, k8, v8)
+    if what == "scale shape":
+        return lambda: attention_forward(q8, k8, v8, shape, scales=HeadScales(scales.q, scales.q, scales.v))
+    if what == "strided scale":
+        strided = torch.empty(1, 4, device=device)[:, ::2]
+        return lambda: attention_forward(q8, k8, v8, shape, scales=HeadScales(scales.q, strided, scales.v))
+    if what == "fp8 backward":
+        return lambda: attention_backward(q, q8, k8, v8, q, torch.zeros(1, 4, 8, device=device), shape)
+    raise AssertionError(what)
+
+
+@pytest.mark.parametrize(("what", "match"), [
+    ("scales with 16-bit inputs", "scales go with float8_e4m3fn"),
+    ("fp8 without scales", "attention_forward without scales takes bf16 or fp16"),
+    ("fp8 into autograd", "attention takes bf16 or fp16"),
+    ("scale shape", r"scales.k must be \[1, 2\]"),
+    ("strided scale", "scales.k must be contiguous"),
+    ("fp8 backward", "attention_backward takes bf16 or fp16"),
+])
+def test_bad_fp8_input_gets_a_one_line_value_error(what, match, device):
+    with pytest.raises(ValueError, match=match) as err:
+        _bad(device, what)()
+    assert "\n" not in str(err.value) and str(err.value).startswith("attention: ")
+
+
+def test_the_fp8_variant_of_the_opspec_passes_every_check():
+    """`--variant e4m3-forward` end to end under the full checks (packed and MLA shapes of the smoke preset,
+    then the unannounced probes), with our bf16 forward as a baseline."""
+    shapes = [s for s in load_shapes("attention", "smoke") if "packed" in s.label or "mla" in s.label]
+    run = run_bench(get_spec("attention"), shapes, shapes_source="smoke", repeats=1, warmup=0, probe_seed=3,
+                    variant=FP8_VARIANT)
+    assert run.all_pass, [(r.shape.label, r.snrs, r.error) for r in run.ours] + [run.probe_errors]
+    assert all(FLOOR <= r.snrs["out"] < snr_threshold("bf16") for r in run.ours)
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    (2, 1000, 1000, 8, 2, 128, 128, False, None),
+    (2, 1000, 1000, 8, 2, 128, 128, True, None),
+    (1, 2048, 2048, 8, 1, 64, 64, True, 128),
+    (1, 513, 513, 4, 4, 256, 256, True, None),
+    (1, 600, 600, 4, 4, 192, 128, False, None),
+], ids=["gqa-d128", "gqa-causal-d128", "window128-mqa-d64", "d256", "mla"])
+def test_fp8_forward_on_gpu(case):
+    B, Sq, Sk, Hq, Hkv, D, Dv, causal, window = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, torch.bfloat16, "cuda")
+    (q8, k8, v8), scales = fp8_inputs(q, k, v)
+    out = torch.full((B, Sq, Hq, Dv), math.nan, device="cuda", dtype=torch.bfloat16)
+    attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal, window=window, out=out, scales=scales)
+    assert snr_db(out, reference(q, k, v, g, causal, window)[0]) >= FLOOR
+    on_quantized = reference(dequantized(q8, scales.q), dequantized(k8, scales.k), dequantized(v8, scales.v), g,
+                             causal, window)[0]
+    assert snr_db(out, on_quantized) >= KERNEL_FLOOR
+
+
+@pytest.mark.gpu
+def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
+    q, k, v, g = make(2, 513, 513, 8, 2, 128, 128, torch.bfloat16, "cuda")
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        out = attention(q, k, v, causal=True, fp8_forward=True)
+        out.backward(g)
+        return out, q.grad, k.grad, v.grad
+
+    replayed, eager = replay_and_eager(step, (q, k, v))
+    for got, eager_t, want in zip(replayed, eager, reference(q, k, v, g, True), strict=True):
+        assert torch.equal(got, eager_t) and snr_db(got, want) >= FLOOR
