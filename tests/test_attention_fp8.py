@@ -2,13 +2,19 @@
 unquantized inputs (the `e4m3-attention` floor of the rules) and, tighter, on the quantized ones (the
 kernel's own error: the E4M3 probabilities); dense, GQA, causal, window, every head dim, rows that see no
 key, packed sequences with empty and one-token ones; quantize_heads; the training step (FP8 forward, bf16
-backward); bad input; the OpSpec variant; on a GPU, bf16 outputs and CUDA-graph replay."""
+backward); bad input; the OpSpec variant; its compilation for Hopper (no GPU needed); on a GPU, bf16 outputs and
+CUDA-graph replay."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from harness.files import REPO_ROOT
 from harness.quick_test_bench import run_bench
 from harness.registry import get_spec
 from harness.shapes import load_shapes
@@ -221,3 +227,16 @@ def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
     replayed, eager = replay_and_eager(step, (q, k, v))
     for got, eager_t, want in zip(replayed, eager, reference(q, k, v, g, True), strict=True):
         assert torch.equal(got, eager_t) and snr_db(got, want) >= FLOOR
+
+
+def test_the_fp8_forward_compiles_to_fp8_tensor_core_instructions_for_hopper():
+    """Compiled for sm_90 here (no GPU needed): both products of the FP8 forward are E4M3 wgmma, with no
+    mma.sync fallback; the bf16 forward is wgmma too."""
+    done = subprocess.run([sys.executable, "-m", "tests.hopper_compile"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, env=os.environ | {"TRITON_INTERPRET": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["bf16-d128"]["wgmma"] > 0 and counts["bf16-d128"]["wgmma_e4m3"] == 0
+    for d in (64, 128, 256):
+        fp8 = counts[f"fp8-d{d}"]
+        assert fp8["wgmma"] == fp8["wgmma_e4m3"] > 0 and fp8["mma_sync"] == 0, (d, fp8)

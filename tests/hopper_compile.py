@@ -1,0 +1,47 @@
+"""Compile the attention forward for Hopper (sm_90) on a machine without a GPU, with Triton's own ptxas:
+`python -m tests.hopper_compile` prints, for the bf16 forward and the FP8 forward at each head dim, what
+the PTX holds (wgmma instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback). Run with
+TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.attention.kernel import _fwd_kernel
+from kernels.attention.tuning import config_for
+from kernels.common.fp8 import FORMAT_ARGS
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def compile_forward(fp8: bool, head_dim: int) -> dict[str, int]:
+    """The causal dense forward as `forward_into` launches it: 16-byte aligned tensors, unit innermost
+    strides (v's sequence stride for FP8: quantize_heads lays it out sequence-major)."""
+    fn = _fwd_kernel.kernel
+    cfg = config_for("fwd_fp8" if fp8 else "fwd", head_dim, head_dim)
+    element = "*fp8e4nv" if fp8 else "*bf16"
+    signature = dict.fromkeys(fn.arg_names, "i32") | dict.fromkeys(("Q", "K", "V"), element) | {
+        "O": "*bf16", "LSE": "*fp32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "Q_SCALE": "*fp32",
+        "K_SCALE": "*fp32", "V_SCALE": "*fp32", "qk_scale": "fp32"}
+    constants = {"HEAD_DIM_QK": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_DQK": head_dim, "BLOCK_DV": head_dim,
+                 "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "VARLEN": False, "CAUSAL": True, "WINDOW": False,
+                 "FP8": fp8, **FORMAT_ARGS[torch.float8_e4m3fn], "EMULATE": False,
+                 "stride_qd": 1, "stride_kd": 1, "stride_od": 1, ("stride_vs" if fp8 else "stride_vd"): 1}
+    signature |= dict.fromkeys(constants, "constexpr")
+    index = fn.arg_names.index
+    source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
+                       attrs={(index(n),): [["tt.divisibility", 16]] for n in ("Q", "K", "V", "O", "LSE")})
+    ptx = triton.compile(source, target=HOPPER, options={"num_warps": cfg.num_warps,
+                                                         "num_stages": cfg.num_stages}).asm["ptx"]
+    return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
+            "mma_sync": ptx.count("mma.sync")}
+
+
+if __name__ == "__main__":
+    print(json.dumps({f"{'fp8' if fp8 else 'bf16'}-d{d}": compile_forward(fp8, d)
+                      for fp8, d in ((False, 128), (True, 64), (True, 128), (True, 256))}))
