@@ -248,8 +248,13 @@ def _bad(device, what):
     ("max_seqlen not an int", "max_seqlen_q must be a non-negative int"),
 ])
 def test_bad_input_gets_a_one_line_value_error(what, match, device):
+    assert_one_line_error(_bad(device, what), match)
+
+
+def assert_one_line_error(call, match: str) -> None:
+    """call() raises a one-line ValueError from the attention op that matches `match`."""
     with pytest.raises(ValueError, match=match) as err:
-        _bad(device, what)()
+        call()
     assert "\n" not in str(err.value) and str(err.value).startswith("attention: ")
 
 
