@@ -1,7 +1,8 @@
 """Compile the attention forward for Hopper (sm_90) on a machine without a GPU, with Triton's own ptxas:
 `python -m tests.hopper_compile` prints, for the bf16 forward and the FP8 forward at each head dim, what
-the PTX holds (wgmma instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback). Run with
-TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
+the PTX holds (wgmma instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback), and the
+E4M3 conversions in the kernels that quantize q, k and v (dense, and packed into the sequence-major
+layout). Run with TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.attention.kernel import _fwd_kernel
+from kernels.attention.kernel import QUANTIZE_ROWS, _fwd_kernel, _head_amax_kernel, _head_cast_kernel
 from kernels.attention.tuning import config_for
 from kernels.common.fp8 import FORMAT_ARGS
 
@@ -42,6 +43,28 @@ def compile_forward(fp8: bool, head_dim: int) -> dict[str, int]:
             "mma_sync": ptx.count("mma.sync")}
 
 
+def _ptx(kernel, pointers: dict[str, str], constants: dict[str, object], num_warps: int = 4) -> str:
+    """The PTX of `kernel` with these pointer types and constexprs, every other argument an i32."""
+    fn = kernel.kernel
+    signature = dict.fromkeys(fn.arg_names, "i32") | pointers | dict.fromkeys(constants, "constexpr")
+    index = fn.arg_names.index
+    source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
+                       attrs={(index(n),): [["tt.divisibility", 16]] for n in pointers})
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps}).asm["ptx"]
+
+
+def compile_quantization(packed: bool) -> dict[str, int]:
+    """The amax and cast kernels of quantize_heads at d128: bf16 in, E4M3 out (sequence-major when packed)."""
+    tile = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": QUANTIZE_ROWS, "VARLEN": packed, "stride_xd": 1}
+    amax = _ptx(_head_amax_kernel, {"X": "*bf16", "AMAX": "*fp32", "SEQ": "*i32"}, tile)
+    cast = _ptx(_head_cast_kernel, {"X": "*bf16", "Q": "*fp8e4nv", "AMAX": "*fp32", "SEQ": "*i32"},
+                tile | {("stride_qs" if packed else "stride_qd"): 1, **FORMAT_ARGS[torch.float8_e4m3fn],
+                        "EMULATE": False, "EPS": 1e-12})
+    return {"atomics": amax.count("atom.global") + amax.count("red.global"), "cvt_e4m3": cast.count("e4m3x2")}
+
+
 if __name__ == "__main__":
-    print(json.dumps({f"{'fp8' if fp8 else 'bf16'}-d{d}": compile_forward(fp8, d)
-                      for fp8, d in ((False, 128), (True, 64), (True, 128), (True, 256))}))
+    found = {f"{'fp8' if fp8 else 'bf16'}-d{d}": compile_forward(fp8, d)
+             for fp8, d in ((False, 128), (True, 64), (True, 128), (True, 256))}
+    found |= {f"quantize-{'packed' if packed else 'dense'}": compile_quantization(packed) for packed in (False, True)}
+    print(json.dumps(found))

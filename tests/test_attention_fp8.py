@@ -229,7 +229,8 @@ def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
 
 def test_the_fp8_forward_compiles_to_fp8_tensor_core_instructions_for_hopper():
     """Compiled for sm_90 here (no GPU needed): both products of the FP8 forward are E4M3 wgmma, with no
-    mma.sync fallback; the bf16 forward is wgmma too."""
+    mma.sync fallback; the bf16 forward is wgmma too; quantize_heads' kernels compile (atomic amax, E4M3
+    conversions)."""
     done = subprocess.run([sys.executable, "-m", "tests.hopper_compile"], cwd=REPO_ROOT, capture_output=True,
                           text=True, env=os.environ | {"TRITON_INTERPRET": "0"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -238,3 +239,5 @@ def test_the_fp8_forward_compiles_to_fp8_tensor_core_instructions_for_hopper():
     for d in (64, 128, 256):
         fp8 = counts[f"fp8-d{d}"]
         assert fp8["wgmma"] == fp8["wgmma_e4m3"] > 0 and fp8["mma_sync"] == 0, (d, fp8)
+    for layout in ("dense", "packed"):
+        assert counts[f"quantize-{layout}"]["atomics"] > 0 and counts[f"quantize-{layout}"]["cvt_e4m3"] > 0

@@ -53,6 +53,8 @@ LOG2E = math.log2(math.e)
 P_SCALE = tl.constexpr(256.0)
 # Rows per program of the delta preprocess (a memory-bound row reduction).
 PREPROCESS_BLOCK_M = 64
+# Rows per program of the FP8 forward's quantization of q, k and v (memory-bound, one head per program).
+QUANTIZE_ROWS = 64
 
 
 @triton.jit
@@ -473,6 +475,67 @@ def _bwd_dq_kernel(
                 dq * sm_scale, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
 
 
+# --- quantization of q, k and v for the FP8 forward ------------------------------------------------------
+
+
+@triton.jit
+def _row_positions(rows, SEQ, seqlen, VARLEN: tl.constexpr):
+    """(sequence, position) of rows: packed, from SEQ (each row's sequence) and the row itself (its offset
+    in the packed tensor, whose batch stride is 0); dense, by division of the flattened batch x sequence."""
+    if VARLEN:
+        return tl.load(SEQ + rows), rows
+    return rows // seqlen, rows % seqlen
+
+
+@fast_launch
+@triton.jit
+def _head_amax_kernel(
+    X, AMAX, SEQ, rows, seqlen, heads, stride_xb, stride_xs, stride_xh, stride_xd,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
+):
+    """AMAX[b, h] (zeroed) = max |x| over sequence b's rows of head h; grid (row blocks, heads). The max goes
+    in as fp32 bits by an integer atomic (non-negative floats order as their bits): one for the block where
+    its rows share a sequence, one per row where they do not."""
+    r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1)
+    ok = r < rows
+    b, s = _row_positions(tl.minimum(r, rows - 1), SEQ, seqlen, VARLEN)
+    d = tl.arange(0, BLOCK_D)
+    b64, s64 = b.to(tl.int64)[:, None], s.to(tl.int64)[:, None]
+    x = tl.load(X + b64 * stride_xb + s64 * stride_xs + h * stride_xh + d[None, :] * stride_xd,
+                mask=ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    row_max = tl.max(tl.abs(x.to(tl.float32)), axis=1).to(tl.int32, bitcast=True)
+    amax_bits = AMAX.to(tl.pointer_type(tl.int32))
+    first, last = tl.min(b), tl.max(b)  # rows past the end took the last row's sequence
+    if first == last:
+        tl.atomic_max(amax_bits + first * heads + h, tl.max(row_max))
+    else:
+        tl.atomic_max(amax_bits + b * heads + h, row_max, mask=ok)
+
+
+@fast_launch
+@triton.jit
+def _head_cast_kernel(
+    X, Q, AMAX, SEQ, rows, seqlen, heads, stride_xb, stride_xs, stride_xh, stride_xd,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
+    FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
+):
+    """Q = x * FP8_MAX / AMAX[b, h] in fp8, written through Q's strides (sequence-major or not)."""
+    r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1)
+    ok = r < rows
+    b, s = _row_positions(tl.minimum(r, rows - 1), SEQ, seqlen, VARLEN)
+    d = tl.arange(0, BLOCK_D)
+    mask = ok[:, None] & (d < HEAD_DIM)[None, :]
+    b64, s64 = b.to(tl.int64)[:, None], s.to(tl.int64)[:, None]
+    x = tl.load(X + b64 * stride_xb + s64 * stride_xs + h * stride_xh + d[None, :] * stride_xd, mask=mask, other=0.0)
+    factor = FP8_MAX / tl.maximum(tl.load(AMAX + b * heads + h), EPS)
+    q = to_fp8_range(x.to(tl.float32) * factor[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+    tl.store(Q + b64 * stride_qb + s64 * stride_qs + h * stride_qh + d[None, :] * stride_qd,
+             q.to(Q.dtype.element_ty), mask=mask)
+
+
 # --- launchers ----------------------------------------------------------------------------------------
 
 
@@ -612,25 +675,32 @@ def quantize_heads(
     """q, k or v (bf16/fp16; [B, S, H, D], or packed [total, H, D] with its cu_seqlens) in E4M3 with one
     fp32 scale per sequence and head, [B, H] contiguous ([batch, H] packed): `x ~= data * scale`.
     `sequence_major`: the data is indexed as x but laid out with the sequence dim contiguous, the K-major
-    operand that the FP8 forward's P @ V product reads on Hopper: pass it for v. Torch ops on the device,
-    no host sync (a packed row's sequence is found by a search of cu_seqlens)."""
-    fp8, fmax = torch.float8_e4m3fn, FP8_MAX[torch.float8_e4m3fn]
-    row_amax = x.abs().amax(dim=-1).float()  # [B, S, H] or [total, H]
-    if cu_seqlens is None:
-        amax = row_amax.amax(dim=1)
-        per_row = amax.clamp_min(AMAX_EPS)[:, None, :, None]
-    else:
-        rows = torch.arange(x.shape[0], device=x.device, dtype=cu_seqlens.dtype)
-        seq = torch.searchsorted(cu_seqlens[1:], rows, right=True)
-        amax = torch.zeros((cu_seqlens.numel() - 1, x.shape[1]), device=x.device, dtype=torch.float32)
-        amax.scatter_reduce_(0, seq[:, None].expand(-1, x.shape[1]), row_amax, "amax")
-        per_row = amax.clamp_min(AMAX_EPS)[seq][:, :, None]
-    data = torch.empty_like(x, dtype=fp8)
+    operand that the FP8 forward's P @ V product reads on Hopper: pass it for v. Two passes over x (the
+    amax, then the cast), no host sync (a packed row's sequence is found by a search of cu_seqlens)."""
+    fp8 = torch.float8_e4m3fn
+    packed = cu_seqlens is not None
+    (rows, heads, head_dim), seqlen = (x.shape, 1) if packed else ((x.shape[0] * x.shape[1], *x.shape[2:]), x.shape[1])
+    batch = cu_seqlens.numel() - 1 if packed else x.shape[0]
     if sequence_major:  # [B, H, D, S] in memory ([H, D, total] packed), indexed as x
-        order = (0, 2, 3, 1) if x.ndim == 4 else (1, 2, 0)
-        data = data.permute(order).contiguous().permute([order.index(i) for i in range(x.ndim)])
-    data.copy_((x.float() * (fmax / per_row)).clamp_(-fmax, fmax))
-    return data, amax.clamp_min(AMAX_EPS) / fmax
+        order = (1, 2, 0) if packed else (0, 2, 3, 1)
+        data = torch.empty([x.shape[i] for i in order], device=x.device, dtype=fp8)
+        data = data.permute([order.index(i) for i in range(x.ndim)])
+    else:
+        data = torch.empty_like(x, dtype=fp8, memory_format=torch.contiguous_format)
+    amax = torch.zeros((batch, heads), device=x.device, dtype=torch.float32)
+    if rows and heads and head_dim:
+        # Each row's sequence, for the packed form; dense rows find theirs by division (SEQ not read).
+        seq = torch.searchsorted(cu_seqlens[1:], torch.arange(rows, device=x.device, dtype=cu_seqlens.dtype),
+                                 right=True).to(torch.int32) if packed else amax
+        strides = (0, *x.stride()) if packed else x.stride()
+        out_strides = (0, *data.stride()) if packed else data.stride()
+        grid = (cdiv(rows, QUANTIZE_ROWS), heads)
+        common = {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim), "BLOCK_S": QUANTIZE_ROWS,
+                  "VARLEN": packed}
+        _head_amax_kernel[grid](x, amax, seq, rows, seqlen, heads, *strides, **common)
+        _head_cast_kernel[grid](x, data, amax, seq, rows, seqlen, heads, *strides, *out_strides, **common,
+                                **FORMAT_ARGS[fp8], EPS=AMAX_EPS)
+    return data, amax.clamp_min(AMAX_EPS) / FP8_MAX[fp8]
 
 
 class AttentionFunction(torch.autograd.Function):
