@@ -13,7 +13,9 @@ import sys
 
 import pytest
 import torch
+import yaml
 
+from agent.manifest import Manifest
 from harness.files import REPO_ROOT
 from harness.quick_test_bench import run_bench
 from harness.registry import get_spec
@@ -29,7 +31,7 @@ from kernels.attention import (
     packed_shape,
 )
 from kernels.attention import quantize_heads as quantize
-from kernels.attention.tuning import FP8_VARIANT
+from kernels.attention.tuning import FP8_VARIANT, buckets_for
 from kernels.common.fp8 import AMAX_EPS, FP8_MAX
 from tests.graph_replay import replay_and_eager
 from tests.test_attention import DENSE_CASES, assert_one_line_error, make, packed, packed_reference, reference
@@ -241,3 +243,10 @@ def test_the_fp8_forward_compiles_to_fp8_tensor_core_instructions_for_hopper():
         assert fp8["wgmma"] == fp8["wgmma_e4m3"] > 0 and fp8["mma_sync"] == 0, (d, fp8)
     for layout in ("dense", "packed"):
         assert counts[f"quantize-{layout}"]["atomics"] > 0 and counts[f"quantize-{layout}"]["cvt_e4m3"] > 0
+
+
+def test_the_fp8_campaign_preset_validates_and_tunes_the_fp8_forward():
+    manifest = Manifest.model_validate(yaml.safe_load((REPO_ROOT / "campaigns/attention-fp8-llama3.yaml").read_text()))
+    assert manifest.resolved_variant == FP8_VARIANT and manifest.primary_metric == "forward"
+    dims = load_shapes("attention", manifest.shapes)[0].dims
+    assert "fwd_fp8-d128" in buckets_for(dims, manifest.resolved_variant)
