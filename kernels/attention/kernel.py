@@ -48,9 +48,11 @@ from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, FP8_MAX, to_fp8_range
 from kernels.common.launch import fast_launch
 
 LOG2E = math.log2(math.e)
-# FP8 forward: P (in [0, 1]) times this before its cast to E4M3 (max 448): values down to 2^-14 stay normal
-# numbers of the format instead of flushing to its subnormals below 2^-6.
-P_SCALE = tl.constexpr(256.0)
+# FP8 forward: P (in [0, 1]) times 2^P_SCALE_LOG2 before its cast to E4M3 (max 448), so that values down to
+# 2^-14 stay normal numbers of the format instead of flushing to its subnormals below 2^-6. The factor
+# goes into the exponent (no multiply) and, common to P @ V and the row sums, cancels in the output; only
+# the log-sum-exp takes it out again.
+P_SCALE_LOG2 = tl.constexpr(8.0)
 # Rows per program of the delta preprocess (a memory-bound row reduction).
 PREPROCESS_BLOCK_M = 64
 # Rows per program of the FP8 forward's quantization of q, k and v (memory-bound, one head per program).
@@ -162,8 +164,8 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, 
                 FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr,
                 EMULATE: tl.constexpr):
     """The online softmax over key blocks lo..hi: running max m_i (base 2), running sum l_i, acc += P @ V.
-    FP8: P (at most 1) enters the P @ V product as fp8 scaled by P_SCALE, so that its small values stay
-    normal numbers of the format; the caller divides it out with v's scale."""
+    FP8: P and its row sums carry the factor 2^P_SCALE_LOG2 (P up to 256, fp8 for the P @ V product)."""
+    p_shift: tl.constexpr = P_SCALE_LOG2 if FP8 else 0.0
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + offs_n
         key_ok = cols < seqlen_k
@@ -176,12 +178,13 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, 
         # m_i starts finite (-1e30, not -inf), so a row that sees none of this block's keys gets
         # alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        p = tl.math.exp2(s - (m_new - p_shift)[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         p_operand = p
-        if FP8:
-            p_operand = to_fp8_range(p * P_SCALE, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        if FP8:  # noqa: SIM102 (compile-time flags)
+            if EMULATE:  # the interpreter's fp8 cast needs values on the grid; P <= 256 < 448: no clamp on a GPU
+                p_operand = to_fp8_range(p, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         acc = tl.dot(p_operand.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
@@ -234,7 +237,7 @@ def _fwd_kernel(
     if FP8:
         kv_index = b * (heads_q // group) + kvh
         qk_scale = qk_scale * tl.load(Q_SCALE + b * heads_q + h) * tl.load(K_SCALE + kv_index)
-        out_scale = tl.load(V_SCALE + kv_index) / P_SCALE
+        out_scale = tl.load(V_SCALE + kv_index)
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -257,7 +260,9 @@ def _fwd_kernel(
     # A row that saw no key (causal with Sq > Sk) has l_i = 0: output 0, LSE +inf.
     seen = l_i > 0.0
     out = acc * (out_scale / tl.where(seen, l_i, 1.0))[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) / 1.4426950408889634, float("inf"))
+    p_shift: tl.constexpr = P_SCALE_LOG2 if FP8 else 0.0
+    log2_sum = tl.math.log2(tl.where(seen, l_i, 1.0)) - p_shift
+    lse = tl.where(seen, (m_i + log2_sum) / 1.4426950408889634, float("inf"))
     o_ptrs = O + bq * stride_ob + h * stride_oh + q_rows[:, None] * stride_os + offs_dv[None, :] * stride_od
     _store_tile(o_ptrs, out, row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV)
     tl.store(LSE + bq * stride_lb + h * stride_lh + q_rows, lse, mask=row_ok)
