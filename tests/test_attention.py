@@ -264,7 +264,8 @@ def test_tuned_table_lies_in_the_tunable_space_and_fits():
             config_for(pass_, d, 128 if d == 192 else d)  # raises if a knob lies outside the space
     assert all(fits(cfg) for cfg in TUNED_TABLE.values())
     # 1-byte operands: an FP8 tile fits where the same 16-bit one would not.
-    assert not fits(TUNED_TABLE["fwd_fp8-d128"] | {"ELEMENT_BYTES": 2})
+    wide = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128}
+    assert fits(wide | {"ELEMENT_BYTES": 1}) and not fits(wide)
     assert buckets_for({"D": 192, "Dv": 128}) == {"fwd-d256", "bwd_kv-d256", "bwd_q-d256"}
     assert buckets_for({"D": 64}) == {"fwd-d64", "bwd_kv-d64", "bwd_q-d64"}
     assert buckets_for({"D": 128}, FP8_VARIANT) == {"fwd_fp8-d128", "bwd_kv-d128", "bwd_q-d128"}
