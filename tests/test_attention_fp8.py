@@ -163,6 +163,12 @@ def _bad(device, what):
     if what == "strided scale":
         strided = torch.empty(1, 4, device=device)[:, ::2]
         return lambda: attention_forward(q8, k8, v8, shape, scales=HeadScales(scales.q, strided, scales.v))
+    if what == "quantize fp32":
+        return lambda: quantize(q.float())
+    if what == "quantize packed without 3 dims":
+        return lambda: quantize(q, torch.tensor([0, 8], dtype=torch.int32, device=device))
+    if what == "quantize int64 cu_seqlens":
+        return lambda: quantize(q[0], torch.tensor([0, 8], device=device))
     if what == "fp8 backward":
         return lambda: attention_backward(q, q8, k8, v8, q, torch.zeros(1, 4, 8, device=device), shape)
     raise AssertionError(what)
@@ -175,6 +181,9 @@ def _bad(device, what):
     ("scale shape", r"scales.k must be \[1, 2\]"),
     ("strided scale", "scales.k must be contiguous"),
     ("fp8 backward", "attention_backward takes bf16 or fp16"),
+    ("quantize fp32", r"quantize_heads: x must be a 4-D bf16/fp16 tensor \[B, S, H, D\], got torch.float32"),
+    ("quantize packed without 3 dims", "quantize_heads: x must be a 3-D"),
+    ("quantize int64 cu_seqlens", "cu_seqlens must be a 1-D int32"),
 ])
 def test_bad_fp8_input_gets_a_one_line_value_error(what, match, device):
     assert_one_line_error(_bad(device, what), match)

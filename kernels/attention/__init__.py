@@ -35,7 +35,7 @@ from kernels.attention.kernel import (
     HeadScales,
     backward_into,
     forward_into,
-    quantize_heads,
+    quantize_per_head,
 )
 from kernels.common.device import check_same_device
 
@@ -197,6 +197,25 @@ def attention_backward(
         grads.append(buf)
     backward_into(grad_out, q, k, v, out, lse, *grads, shape, causal, scale, window)
     return grads[0], grads[1], grads[2]
+
+
+def quantize_heads(
+    x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, sequence_major: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k or v for the FP8 forward: (E4M3 data, fp32 scales [B, H]), one scale per sequence and head. x is
+    bf16/fp16 [B, S, H, D], or packed [total, H, D] with its cu_seqlens ([batch + 1] int32 on x's device).
+    `sequence_major` (for v): the data laid out with the sequence dim contiguous, indexed as x."""
+    rank = 4 if cu_seqlens is None else 3
+    if not isinstance(x, torch.Tensor) or x.ndim != rank or x.dtype not in SUPPORTED_DTYPES:
+        layout = "[B, S, H, D]" if rank == 4 else "[total, H, D] (with cu_seqlens)"
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise _fail(f"quantize_heads: x must be a {rank}-D bf16/fp16 tensor {layout}, got {got}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.dtype != torch.int32 \
+                or cu_seqlens.numel() < 1:
+            raise _fail("quantize_heads: cu_seqlens must be a 1-D int32 tensor [batch + 1]")
+        check_same_device(x=x, cu_seqlens=cu_seqlens)
+    return quantize_per_head(x, cu_seqlens, sequence_major)
 
 
 def attention(

@@ -674,14 +674,15 @@ def backward_into(
         )
 
 
-def quantize_heads(
+def quantize_per_head(
     x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, sequence_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k or v (bf16/fp16; [B, S, H, D], or packed [total, H, D] with its cu_seqlens) in E4M3 with one
     fp32 scale per sequence and head, [B, H] contiguous ([batch, H] packed): `x ~= data * scale`.
     `sequence_major`: the data is indexed as x but laid out with the sequence dim contiguous, the K-major
     operand that the FP8 forward's P @ V product reads on Hopper: pass it for v. Two passes over x (the
-    amax, then the cast), no host sync (a packed row's sequence is found by a search of cu_seqlens)."""
+    amax, then the cast), no host sync (a packed row's sequence is found by a search of cu_seqlens).
+    Unchecked: kernels.attention.quantize_heads checks its input."""
     fp8 = torch.float8_e4m3fn
     packed = cu_seqlens is not None
     (rows, heads, head_dim), seqlen = (x.shape, 1) if packed else ((x.shape[0] * x.shape[1], *x.shape[2:]), x.shape[1])
@@ -710,7 +711,7 @@ def quantize_heads(
 
 class AttentionFunction(torch.autograd.Function):
     """attention with autograd: saves q, k, v, out and the LSE; the backward runs the three passes.
-    `fp8_forward`: the forward quantizes q, k and v (quantize_heads) and runs in FP8; the backward is the
+    `fp8_forward`: the forward quantizes q, k and v (quantize_per_head) and runs in FP8; the backward is the
     bf16 one, on the saved high-precision inputs and the FP8 forward's out and LSE."""
 
     @staticmethod
@@ -718,8 +719,9 @@ class AttentionFunction(torch.autograd.Function):
         out = q.new_empty(shape.out_shape(q.shape[0]))
         lse = torch.empty(shape.lse_shape(q.shape[0]), device=q.device, dtype=torch.float32)
         if fp8_forward:
-            (q8, q_scale), (k8, k_scale) = quantize_heads(q, shape.cu_seqlens_q), quantize_heads(k, shape.cu_seqlens_k)
-            v8, v_scale = quantize_heads(v, shape.cu_seqlens_k, sequence_major=True)
+            q8, q_scale = quantize_per_head(q, shape.cu_seqlens_q)
+            k8, k_scale = quantize_per_head(k, shape.cu_seqlens_k)
+            v8, v_scale = quantize_per_head(v, shape.cu_seqlens_k, sequence_major=True)
             forward_into(q8, k8, v8, out, lse, shape, causal, scale, window, HeadScales(q_scale, k_scale, v_scale))
         else:
             forward_into(q, k, v, out, lse, shape, causal, scale, window)
