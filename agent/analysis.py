@@ -72,8 +72,10 @@ def analyze(
         dims = {**summary.frame.set_index("label").loc[shape.label, list(summary.schema.dims)].to_dict()}
         problem = Problem(dims=dims, dtype=dtype_from_name(dtype), device=torch.device("cpu"),
                           group_lens=shape.group_lens, variant=variant)
-        # An FP8 forward (its output judged at an fp8 format) runs on the fp8 rate, the rest on bf16's.
-        fp8 = spec.snr_formats(problem)[spec.forward_outputs[0]] in FP8_FORMATS and "fp8_tflops" in ceilings
+        # An FP8 forward (its output judged at an fp8 format, or a floor of its own such as e4m3-attention)
+        # runs on the fp8 rate, the rest on bf16's.
+        fmt = spec.snr_formats(problem)[spec.forward_outputs[0]]
+        fp8 = fmt.split("-")[0] in FP8_FORMATS and "fp8_tflops" in ceilings
         peak = ceilings.get("fp8_tflops" if fp8 else "tflops")
         ridge = peak * 1e12 / (ceilings["gbps"] * 1e9) if ceilings else NOMINAL_RIDGE
         flops, nbytes = spec.flops(problem)[0], spec.bytes_moved(problem)[0]

@@ -19,7 +19,8 @@ from agent.manifest import Manifest
 from harness.files import REPO_ROOT
 from harness.quick_test_bench import run_bench
 from harness.registry import get_spec
-from harness.shapes import load_shapes
+from harness.schema import get_schema
+from harness.shapes import Shape, load_shapes
 from harness.snr import snr_db, snr_threshold
 from kernels.attention import (
     HeadScales,
@@ -259,3 +260,22 @@ def test_the_fp8_campaign_preset_validates_and_tunes_the_fp8_forward():
     assert manifest.resolved_variant == FP8_VARIANT and manifest.primary_metric == "forward"
     dims = load_shapes("attention", manifest.shapes)[0].dims
     assert "fwd_fp8-d128" in buckets_for(dims, manifest.resolved_variant)
+
+
+def test_the_fp8_forward_is_judged_on_the_fp8_roofline(tmp_path):
+    """ANALYZE (and the roofline check) put the FP8 forward, whose outputs have a floor of their own, on the
+    fp8 rate, and count its q, k and v reads at one byte."""
+    from agent.analysis import analyze
+    from harness.schema import read_summary, write_summary
+
+    dims = {"B": 1, "Hq": 2, "Hkv": 2, "Sq": 64, "Sk": 64, "D": 64, "Dv": 64}
+    row = {"label": "s1", **dims, "causal": 0, "window": 0, "Check": "PASS", "Forward TFLOPS": 100.0, "Forward TFLOPS_stddev": 1.0,
+           "Backward TFLOPS": 90.0, "Backward TFLOPS_stddev": 1.0, "Forward Time (ms)": 0.1,
+           "Backward Time (ms)": 0.2, "out_snr": 27.0, "dq_snr": 27.0, "dk_snr": 27.0, "dv_snr": 30.0}
+    summary = read_summary(write_summary(tmp_path / "s.csv", get_schema("attention"), [row]))
+    shape = Shape(label="s1", dims=dims)
+    ceilings = {"tflops": 800.0, "fp8_tflops": 1600.0, "gbps": 1e9}  # huge bandwidth: compute-bound
+    spec = get_spec("attention")
+    fp8, bf16 = (analyze(spec, [shape], summary, "bf16", variant, ceilings)[0] for variant in (FP8_VARIANT, "default"))
+    assert fp8.roofline_tflops == pytest.approx(1600.0) and bf16.roofline_tflops == pytest.approx(800.0)
+    assert fp8.intensity > bf16.intensity

@@ -170,8 +170,8 @@ def flops(problem: Problem) -> tuple[float, float]:
 
 
 def bytes_moved(problem: Problem) -> tuple[float, float]:
-    """Forward: q, k, v read, out written (and the fp32 LSE); backward: q, k, v, out, dO and the LSE read,
-    dq, dk, dv written."""
+    """Forward: q, k, v read (1 byte each in the FP8 forward), out written (and the fp32 LSE); backward: q, k,
+    v, out, dO and the LSE read, dq, dk, dv written."""
     d = problem.dims
     size = torch.tensor([], dtype=problem.dtype).element_size()
     rows_q = sum(_seq_lens(problem))
@@ -180,7 +180,8 @@ def bytes_moved(problem: Problem) -> tuple[float, float]:
     kv = rows_k * d["Hkv"] * (d["D"] + d["Dv"]) * size
     out = rows_q * d["Hq"] * d["Dv"] * size
     lse = rows_q * d["Hq"] * 4
-    return float(q + kv + out + lse), float(2 * (q + kv) + 2 * out + lse)
+    inputs_read = (q + kv) // size if problem.variant == FP8_VARIANT else q + kv
+    return float(inputs_read + out + lse), float(2 * (q + kv) + 2 * out + lse)
 
 
 def snr_formats(problem: Problem) -> dict[str, str]:
