@@ -269,9 +269,10 @@ def test_the_fp8_forward_is_judged_on_the_fp8_roofline(tmp_path):
     from harness.schema import read_summary, write_summary
 
     dims = {"B": 1, "Hq": 2, "Hkv": 2, "Sq": 64, "Sk": 64, "D": 64, "Dv": 64}
-    row = {"label": "s1", **dims, "causal": 0, "window": 0, "Check": "PASS", "Forward TFLOPS": 100.0, "Forward TFLOPS_stddev": 1.0,
-           "Backward TFLOPS": 90.0, "Backward TFLOPS_stddev": 1.0, "Forward Time (ms)": 0.1,
-           "Backward Time (ms)": 0.2, "out_snr": 27.0, "dq_snr": 27.0, "dk_snr": 27.0, "dv_snr": 30.0}
+    row = {"label": "s1", **dims, "causal": 0, "window": 0, "Check": "PASS", "Forward TFLOPS": 100.0,
+           "Forward TFLOPS_stddev": 1.0, "Backward TFLOPS": 90.0, "Backward TFLOPS_stddev": 1.0,
+           "Forward Time (ms)": 0.1, "Backward Time (ms)": 0.2, "out_snr": 27.0, "dq_snr": 27.0, "dk_snr": 27.0,
+           "dv_snr": 30.0}
     summary = read_summary(write_summary(tmp_path / "s.csv", get_schema("attention"), [row]))
     shape = Shape(label="s1", dims=dims)
     ceilings = {"tflops": 800.0, "fp8_tflops": 1600.0, "gbps": 1e9}  # huge bandwidth: compute-bound
