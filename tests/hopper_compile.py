@@ -20,37 +20,32 @@ from kernels.common.fp8 import FORMAT_ARGS
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
+def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
+         num_stages: int = 3) -> str:
+    """The PTX of `kernel` with these argument types (its pointers 16-byte aligned) and constexprs, every
+    other argument an i32."""
+    fn = kernel.kernel
+    signature = dict.fromkeys(fn.arg_names, "i32") | types | dict.fromkeys(constants, "constexpr")
+    index = fn.arg_names.index
+    source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
+                       attrs={(index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")})
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
+
+
 def compile_forward(fp8: bool, head_dim: int) -> dict[str, int]:
     """The causal dense forward as `forward_into` launches it: 16-byte aligned tensors, unit innermost
     strides (v's sequence stride for FP8: quantize_heads lays it out sequence-major)."""
-    fn = _fwd_kernel.kernel
     cfg = config_for("fwd_fp8" if fp8 else "fwd", head_dim, head_dim)
-    element = "*fp8e4nv" if fp8 else "*bf16"
-    signature = dict.fromkeys(fn.arg_names, "i32") | dict.fromkeys(("Q", "K", "V"), element) | {
+    types = dict.fromkeys(("Q", "K", "V"), "*fp8e4nv" if fp8 else "*bf16") | {
         "O": "*bf16", "LSE": "*fp32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "Q_SCALE": "*fp32",
         "K_SCALE": "*fp32", "V_SCALE": "*fp32", "qk_scale": "fp32"}
     constants = {"HEAD_DIM_QK": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_DQK": head_dim, "BLOCK_DV": head_dim,
                  "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "VARLEN": False, "CAUSAL": True, "WINDOW": False,
                  "FP8": fp8, **FORMAT_ARGS[torch.float8_e4m3fn], "EMULATE": False,
                  "stride_qd": 1, "stride_kd": 1, "stride_od": 1, ("stride_vs" if fp8 else "stride_vd"): 1}
-    signature |= dict.fromkeys(constants, "constexpr")
-    index = fn.arg_names.index
-    source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
-                       attrs={(index(n),): [["tt.divisibility", 16]] for n in ("Q", "K", "V", "O", "LSE")})
-    ptx = triton.compile(source, target=HOPPER, options={"num_warps": cfg.num_warps,
-                                                         "num_stages": cfg.num_stages}).asm["ptx"]
+    ptx = _ptx(_fwd_kernel, types, constants, cfg.num_warps, cfg.num_stages)
     return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
             "mma_sync": ptx.count("mma.sync")}
-
-
-def _ptx(kernel, pointers: dict[str, str], constants: dict[str, object], num_warps: int = 4) -> str:
-    """The PTX of `kernel` with these pointer types and constexprs, every other argument an i32."""
-    fn = kernel.kernel
-    signature = dict.fromkeys(fn.arg_names, "i32") | pointers | dict.fromkeys(constants, "constexpr")
-    index = fn.arg_names.index
-    source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
-                       attrs={(index(n),): [["tt.divisibility", 16]] for n in pointers})
-    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps}).asm["ptx"]
 
 
 def compile_quantization(packed: bool) -> dict[str, int]:

@@ -492,6 +492,25 @@ def _row_positions(rows, SEQ, seqlen, VARLEN: tl.constexpr):
     return rows // seqlen, rows % seqlen
 
 
+@triton.jit
+def _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
+               stride_ob, stride_os, stride_oh, stride_od):
+    """The program's [BLOCK_S rows, head dim] tile of head program_id(1): x in fp32 (0 past the end), each row's
+    sequence b (rows past the end take the last row's), which rows exist, and (offsets, mask) of the same
+    tile in an output of the given strides."""
+    r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1)
+    ok = r < rows
+    b, s = _row_positions(tl.minimum(r, rows - 1), SEQ, seqlen, VARLEN)
+    d = tl.arange(0, BLOCK_D)
+    mask = ok[:, None] & (d < HEAD_DIM)[None, :]
+    b64, s64 = b.to(tl.int64)[:, None], s.to(tl.int64)[:, None]
+    x = tl.load(X + b64 * stride_xb + s64 * stride_xs + h * stride_xh + d[None, :] * stride_xd, mask=mask, other=0.0)
+    out_offsets = b64 * stride_ob + s64 * stride_os + h * stride_oh + d[None, :] * stride_od
+    return x.to(tl.float32), b, ok, (out_offsets, mask)
+
+
 @fast_launch
 @triton.jit
 def _head_amax_kernel(
@@ -501,15 +520,10 @@ def _head_amax_kernel(
     """AMAX[b, h] (zeroed) = max |x| over sequence b's rows of head h; grid (row blocks, heads). The max goes
     in as fp32 bits by an integer atomic (non-negative floats order as their bits): one for the block where
     its rows share a sequence, one per row where they do not."""
-    r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     h = tl.program_id(1)
-    ok = r < rows
-    b, s = _row_positions(tl.minimum(r, rows - 1), SEQ, seqlen, VARLEN)
-    d = tl.arange(0, BLOCK_D)
-    b64, s64 = b.to(tl.int64)[:, None], s.to(tl.int64)[:, None]
-    x = tl.load(X + b64 * stride_xb + s64 * stride_xs + h * stride_xh + d[None, :] * stride_xd,
-                mask=ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-    row_max = tl.max(tl.abs(x.to(tl.float32)), axis=1).to(tl.int32, bitcast=True)
+    x, b, ok, _ = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM, BLOCK_D,
+                             BLOCK_S, VARLEN, 0, 0, 0, 0)  # no output
+    row_max = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
     amax_bits = AMAX.to(tl.pointer_type(tl.int32))
     first, last = tl.min(b), tl.max(b)  # rows past the end took the last row's sequence
     if first == last:
@@ -527,18 +541,13 @@ def _head_cast_kernel(
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
 ):
     """Q = x * FP8_MAX / AMAX[b, h] in fp8, written through Q's strides (sequence-major or not)."""
-    r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     h = tl.program_id(1)
-    ok = r < rows
-    b, s = _row_positions(tl.minimum(r, rows - 1), SEQ, seqlen, VARLEN)
-    d = tl.arange(0, BLOCK_D)
-    mask = ok[:, None] & (d < HEAD_DIM)[None, :]
-    b64, s64 = b.to(tl.int64)[:, None], s.to(tl.int64)[:, None]
-    x = tl.load(X + b64 * stride_xb + s64 * stride_xs + h * stride_xh + d[None, :] * stride_xd, mask=mask, other=0.0)
+    x, b, _, q_offsets = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM,
+                                    BLOCK_D, BLOCK_S, VARLEN, stride_qb, stride_qs, stride_qh, stride_qd)
     factor = FP8_MAX / tl.maximum(tl.load(AMAX + b * heads + h), EPS)
-    q = to_fp8_range(x.to(tl.float32) * factor[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-    tl.store(Q + b64 * stride_qb + s64 * stride_qs + h * stride_qh + d[None, :] * stride_qd,
-             q.to(Q.dtype.element_ty), mask=mask)
+    q = to_fp8_range(x * factor[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+    offsets, mask = q_offsets
+    tl.store(Q + offsets, q.to(Q.dtype.element_ty), mask=mask)
 
 
 # --- launchers ----------------------------------------------------------------------------------------
@@ -709,9 +718,19 @@ def quantize_per_head(
     return data, amax.clamp_min(AMAX_EPS) / FP8_MAX[fp8]
 
 
+def quantize_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape,
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], HeadScales]:
+    """q, k and v of a checked problem quantized for the FP8 forward (v sequence-major), and their scales."""
+    q8, q_scale = quantize_per_head(q, shape.cu_seqlens_q)
+    k8, k_scale = quantize_per_head(k, shape.cu_seqlens_k)
+    v8, v_scale = quantize_per_head(v, shape.cu_seqlens_k, sequence_major=True)
+    return (q8, k8, v8), HeadScales(q_scale, k_scale, v_scale)
+
+
 class AttentionFunction(torch.autograd.Function):
     """attention with autograd: saves q, k, v, out and the LSE; the backward runs the three passes.
-    `fp8_forward`: the forward quantizes q, k and v (quantize_per_head) and runs in FP8; the backward is the
+    `fp8_forward`: the forward quantizes q, k and v (quantize_qkv) and runs in FP8; the backward is the
     bf16 one, on the saved high-precision inputs and the FP8 forward's out and LSE."""
 
     @staticmethod
@@ -719,10 +738,8 @@ class AttentionFunction(torch.autograd.Function):
         out = q.new_empty(shape.out_shape(q.shape[0]))
         lse = torch.empty(shape.lse_shape(q.shape[0]), device=q.device, dtype=torch.float32)
         if fp8_forward:
-            q8, q_scale = quantize_per_head(q, shape.cu_seqlens_q)
-            k8, k_scale = quantize_per_head(k, shape.cu_seqlens_k)
-            v8, v_scale = quantize_per_head(v, shape.cu_seqlens_k, sequence_major=True)
-            forward_into(q8, k8, v8, out, lse, shape, causal, scale, window, HeadScales(q_scale, k_scale, v_scale))
+            (q8, k8, v8), scales = quantize_qkv(q, k, v, shape)
+            forward_into(q8, k8, v8, out, lse, shape, causal, scale, window, scales)
         else:
             forward_into(q, k, v, out, lse, shape, causal, scale, window)
         ctx.save_for_backward(q, k, v, out, lse)

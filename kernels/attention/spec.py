@@ -21,15 +21,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.attention import (
     AttentionShape,
-    HeadScales,
     attention,
     attention_backward,
     attention_forward,
     attention_varlen,
     dense_shape,
     packed_shape,
-    quantize_heads,
 )
+from kernels.attention.kernel import quantize_qkv
 from kernels.attention.tuning import FP8_VARIANT
 from kernels.common.dtypes import dtype_name
 from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
@@ -204,11 +203,9 @@ def _forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
         _forward_high_precision(problem, inputs, outputs)
         return
     causal, window = _options(problem)
-    cu = inputs.get("cu_seqlens")
-    (q, q_scale), (k, k_scale) = quantize_heads(inputs["q"], cu), quantize_heads(inputs["k"], cu)
-    v, v_scale = quantize_heads(inputs["v"], cu, sequence_major=True)
+    (q, k, v), scales = quantize_qkv(inputs["q"], inputs["k"], inputs["v"], _shape(problem, inputs))
     attention_forward(q, k, v, _shape(problem, inputs | {"q": q, "k": k, "v": v}), causal, None, window,
-                      out=outputs["out"], lse=outputs["lse"], scales=HeadScales(q_scale, k_scale, v_scale))
+                      out=outputs["out"], lse=outputs["lse"], scales=scales)
 
 
 def _backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
