@@ -128,7 +128,8 @@ def decide(
     and then accepted only if every pair beat the best. An accepted gain must survive fresh input
     tensors (`fresh_gain_fraction` of it), or it is overfit; and a candidate that is faster with
     reused tensors than with fresh ones by more than `cache_gap_pct`, and by that much more than the
-    best is, keeps results between calls (a cache), whatever its gain.
+    best is, in every pair (a single pair that shows it is re-measured), keeps results between calls
+    (a cache), whatever its gain.
     """
     last = candidate[-1]
     if not last.all_pass:
@@ -140,6 +141,8 @@ def decide(
              if m.fresh_geomean is not None and ref.fresh_geomean is not None]
     fresh_pct = 100.0 * statistics.median(fresh) if fresh else math.nan
     cache = _cache_gap(pairs, metric, rules)
+    if cache and len(pairs) < 2:
+        return Decision("REMEASURE", f"{cache}: re-measuring both before calling it a cache", math.nan, fresh_pct)
     if cache:
         return Decision("ROLLBACK", cache, math.nan, fresh_pct)
     raw = {label: [m.per_shape[label] / ref.per_shape[label] for m, ref in pairs] for label in shapes}
@@ -185,14 +188,12 @@ def _cache_gap(pairs: Sequence[tuple[Measurement, Measurement]], metric: str, ru
     """A candidate that is faster with reused input tensors than with fresh ones (new tensors every call,
     never repeated) by more than `cache_gap_pct`, and by that much more than the best is, keeps results
     between calls: the fresh-tensor timing shows its real speed. Both, so that timing noise on the best's
-    side (a best that happened to time faster with fresh tensors) cannot make an honest candidate a cache."""
+    side (a best that happened to time faster with fresh tensors) cannot make an honest candidate a cache;
+    and in every A/B pair, because a cache hits on every call with reused tensors while a stall on a
+    shared machine tilts one pair (`decide` re-measures a gap seen in a single pair)."""
     gaps = [(m.geomeans[metric] / m.fresh_geomean, ref.geomeans[metric] / ref.fresh_geomean) for m, ref in pairs
             if m.fresh_geomean and ref.fresh_geomean]
-    if not gaps:
-        return None
-    own = statistics.median(cand for cand, _ in gaps) - 1.0
-    excess = statistics.median(cand / ref for cand, ref in gaps) - 1.0
-    if min(own, excess) * 100.0 <= rules.cache_gap_pct:
+    if not gaps or min(min(cand, cand / ref) - 1.0 for cand, ref in gaps) * 100.0 <= rules.cache_gap_pct:
         return None
     cand, ref = gaps[-1]
     return (f"result cache: {(cand - 1) * 100:+.1f}% faster with reused input tensors than with fresh ones "

@@ -1,7 +1,8 @@
 """A small external project for tests of external targets: its own git repository with a Triton kernel
 (`vecadd/kernel.py`: out = alpha * x + y), its own pytest test, and its own benchmark script that writes
 the frozen summary CSV the way kernel-optimize's quick_test_bench.py does (csv.DictWriter on the header,
-Python float reprs, CRLF line endings, nan for the backward it does not have)."""
+Python float reprs, CRLF line endings, nan for the backward it does not have), with modeled times (see
+its docstring)."""
 
 from __future__ import annotations
 
@@ -46,24 +47,27 @@ def test_axpy_matches_torch():
 '''
 
 BENCH = '''\
-"""python bench.py OUT.csv [SHAPES.yaml]: the frozen summary CSV of axpy (forward only)."""
+"""python bench.py OUT.csv [SHAPES.yaml]: the frozen summary CSV of axpy (forward only).
+
+Its times are modeled, not clocked: a launch costs LAUNCH_MS and each program it runs PROGRAM_MS, which
+is how the Triton interpreter's time goes (a Python loop over the programs). The project is a fixture
+for the campaign's plumbing (its edits, test and benchmark commands, gates and commits), and a clock on a
+shared 2-core CI machine swings by more than the change it must see: once 1.4x measured 2.2x there.
+"""
 import csv
 import math
-import statistics
 import sys
-import time
 
 import torch
+import triton
 import yaml
 
+from vecadd import kernel
 from vecadd.kernel import axpy
 
 COLUMNS = ["label", "N", "Check", "Forward GB/s", "Forward GB/s_stddev", "Backward GB/s", "Backward GB/s_stddev",
            "Forward Time (ms)", "Backward Time (ms)", "out_snr"]
-# A call's time is the CPU time of this thread (the interpreter runs the kernel on it), the least of the
-# calls made over this long: tests share a CPU whose other jobs can stall a wall clock for as long as
-# twenty calls take, and the campaign must see the change, not the neighbours.
-SECONDS_PER_SHAPE = 0.5
+LAUNCH_MS, PROGRAM_MS = 1.0, 1.0
 shapes = [{"label": f"n{n}", "N": n} for n in (384, 640)]
 if len(sys.argv) > 2:
     shapes = yaml.safe_load(open(sys.argv[2]))["shapes"]
@@ -74,15 +78,9 @@ for shape in shapes:
     out = axpy(x, y, 2.0).double()
     ref = 2.0 * x.double() + y.double()
     snr = 10 * math.log10(float((ref ** 2).sum()) / max(float(((out - ref) ** 2).sum()), 1e-300))
-    times, until = [], time.perf_counter() + SECONDS_PER_SHAPE
-    while len(times) < 20 or time.perf_counter() < until:
-        start = time.thread_time()
-        axpy(x, y, 2.0)
-        times.append((time.thread_time() - start) * 1e3)
-    ms = min(times)
-    rates = [3 * n * 4 / (t * 1e-3) / 1e9 for t in times]
+    ms = LAUNCH_MS + PROGRAM_MS * triton.cdiv(n, kernel.BLOCK)
     rows.append({"label": shape["label"], "N": n, "Check": "PASS" if snr > 60 else "FAIL",
-                 "Forward GB/s": 3 * n * 4 / (ms * 1e-3) / 1e9, "Forward GB/s_stddev": statistics.stdev(rates),
+                 "Forward GB/s": 3 * n * 4 / (ms * 1e-3) / 1e9, "Forward GB/s_stddev": 0.0,
                  "Backward GB/s": float("nan"), "Backward GB/s_stddev": float("nan"),
                  "Forward Time (ms)": ms, "Backward Time (ms)": float("nan"), "out_snr": snr})
 with open(sys.argv[1], "w", newline="") as f:

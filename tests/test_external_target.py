@@ -27,7 +27,7 @@ PLAN = {
     "2": {"replace": ["vecadd/kernel.py", "BLOCK = 128", "BLOCK = 256"], "name": "wider blocks: fewer programs"},
     "3": {"replace": ["vecadd/kernel.py", "alpha * x + y, mask", "alpha * x + y + 0.5, mask"],
           "name": "breaks its test"},
-    "4": {"replace": ["bench.py", "SECONDS_PER_SHAPE = 0.5", "SECONDS_PER_SHAPE = 0"],
+    "4": {"replace": ["bench.py", "LAUNCH_MS, PROGRAM_MS = 1.0, 1.0", "LAUNCH_MS, PROGRAM_MS = 1.0, 0.1"],
           "name": "edits the benchmark"},
 }
 
