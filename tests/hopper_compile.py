@@ -1,19 +1,33 @@
-"""Compile the attention forward for Hopper (sm_90) on a machine without a GPU, with Triton's own ptxas:
-`python -m tests.hopper_compile` prints, for the bf16 forward and the FP8 forward at each head dim, what
-the PTX holds (wgmma instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback), and the
-E4M3 conversions in the kernels that quantize q, k and v (dense, and packed into the sequence-major
-layout). Run with TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
+"""Compile the attention kernels for Hopper (sm_90a) on a machine without a GPU, with Triton's own ptxas:
+`python -m tests.hopper_compile` prints, for the FP8 forward at each head dim, and for the bf16 forward
+and both backward passes at d128, with their tile streams loaded by pointers and through tensor
+descriptors (TMA, the tuned table's knob), what the PTX holds (wgmma instructions, and of those the
+E4M3 ones; mma.sync, Ampere's fallback; TMA loads) and what ptxas reports (registers, bytes spilled),
+and the E4M3 conversions in the kernels that quantize q, k and v (dense, and packed into the
+sequence-major layout). Run with TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on
+where no GPU is)."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.attention.kernel import QUANTIZE_ROWS, _fwd_kernel, _head_amax_kernel, _head_cast_kernel
+from kernels.attention.kernel import (
+    QUANTIZE_ROWS,
+    _bwd_dkdv_kernel,
+    _bwd_dq_kernel,
+    _fwd_kernel,
+    _head_amax_kernel,
+    _head_cast_kernel,
+)
 from kernels.attention.tuning import config_for
 from kernels.common.fp8 import FORMAT_ARGS
 
@@ -32,20 +46,62 @@ def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps:
     return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
 
 
-def compile_forward(fp8: bool, head_dim: int) -> dict[str, int]:
+def _ptxas_report(ptx: str) -> dict[str, int]:
+    """Registers per thread and bytes spilled, as Triton's ptxas (the newest it ships) reports them for sm_90a."""
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next(p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists())
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        done = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "k.ptx", "-o", "k.cubin"], cwd=tmp,
+                              capture_output=True, text=True, check=True)
+    log = done.stdout + done.stderr
+    return {"registers": int(re.search(r"Used (\d+) registers", log).group(1)),
+            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", log).group(1))}
+
+
+def _instructions(ptx: str) -> dict[str, int]:
+    return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
+            "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor")}
+
+
+def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, int]:
     """The causal dense forward as `forward_into` launches it: 16-byte aligned tensors, unit innermost
-    strides (v's sequence stride for FP8: quantize_heads lays it out sequence-major)."""
+    strides (v's sequence stride for FP8: quantize_heads lays it out sequence-major); with `tma`, q, k
+    and v read through tensor descriptors of the table's tiles (FP8's v: [head dim, keys] boxes)."""
     cfg = config_for("fwd_fp8" if fp8 else "fwd", head_dim, head_dim)
-    types = dict.fromkeys(("Q", "K", "V"), "*fp8e4nv" if fp8 else "*bf16") | {
+    element = "fp8e4nv" if fp8 else "bf16"
+    types = dict.fromkeys(("Q", "K", "V"), f"*{element}") | {
         "O": "*bf16", "LSE": "*fp32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "Q_SCALE": "*fp32",
         "K_SCALE": "*fp32", "V_SCALE": "*fp32", "qk_scale": "fp32"}
+    if tma:
+        v_box = [head_dim, cfg.BLOCK_N] if fp8 else [cfg.BLOCK_N, head_dim]
+        types |= {"Q_DESC": f"tensordesc<{element}[{cfg.BLOCK_M}, {head_dim}]>",
+                  "K_DESC": f"tensordesc<{element}[{cfg.BLOCK_N}, {head_dim}]>",
+                  "V_DESC": f"tensordesc<{element}[{v_box[0]}, {v_box[1]}]>"}
     constants = {"HEAD_DIM_QK": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_DQK": head_dim, "BLOCK_DV": head_dim,
                  "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "VARLEN": False, "CAUSAL": True, "WINDOW": False,
-                 "FP8": fp8, **FORMAT_ARGS[torch.float8_e4m3fn], "EMULATE": False,
+                 "FP8": fp8, **FORMAT_ARGS[torch.float8_e4m3fn], "EMULATE": False, "TMA": tma,
                  "stride_qd": 1, "stride_kd": 1, "stride_od": 1, ("stride_vs" if fp8 else "stride_vd"): 1}
     ptx = _ptx(_fwd_kernel, types, constants, cfg.num_warps, cfg.num_stages)
-    return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
-            "mma_sync": ptx.count("mma.sync")}
+    return _instructions(ptx) | _ptxas_report(ptx)
+
+
+def compile_backward(pass_: str, head_dim: int, tma: bool) -> dict[str, int]:
+    """The causal dense bf16 backward pass (`bwd_kv` or `bwd_q`) as `backward_into` launches it."""
+    cfg = config_for(pass_, head_dim, head_dim)
+    kernel, tiles = ((_bwd_dkdv_kernel, {"Q_DESC": cfg.BLOCK_M, "DO_DESC": cfg.BLOCK_M}) if pass_ == "bwd_kv"
+                     else (_bwd_dq_kernel, {"K_DESC": cfg.BLOCK_N, "V_DESC": cfg.BLOCK_N}))
+    types = dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV", "DQ"), "*bf16") | {
+        "LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32",
+        "sm_scale": "fp32"}
+    if tma:
+        types |= {name: f"tensordesc<bf16[{rows}, {head_dim}]>" for name, rows in tiles.items()}
+    names = kernel.kernel.arg_names
+    constants = {"HEAD_DIM_QK": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_DQK": head_dim, "BLOCK_DV": head_dim,
+                 "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "VARLEN": False, "CAUSAL": True, "WINDOW": False,
+                 "TMA": tma} | {name: 1 for name in names if name.startswith("stride_") and name.endswith("d")}
+    ptx = _ptx(kernel, {k: v for k, v in types.items() if k in names}, constants, cfg.num_warps, cfg.num_stages)
+    return _instructions(ptx) | _ptxas_report(ptx)
 
 
 def compile_quantization(packed: bool) -> dict[str, int]:
@@ -59,7 +115,10 @@ def compile_quantization(packed: bool) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    found = {f"{'fp8' if fp8 else 'bf16'}-d{d}": compile_forward(fp8, d)
-             for fp8, d in ((False, 128), (True, 64), (True, 128), (True, 256))}
+    found = {f"fp8-d{d}{'-tma' if tma else ''}": compile_forward(True, d, tma) for d in (64, 128, 256)
+             for tma in (False, True)}
+    found |= {f"bf16-d128-{'tma' if tma else 'pointers'}": compile_forward(False, 128, tma) for tma in (False, True)}
+    found |= {f"{pass_}-d128-{'tma' if tma else 'pointers'}": compile_backward(pass_, 128, tma)
+              for pass_ in ("bwd_kv", "bwd_q") for tma in (False, True)}
     found |= {f"quantize-{'packed' if packed else 'dense'}": compile_quantization(packed) for packed in (False, True)}
     print(json.dumps(found))

@@ -21,6 +21,7 @@ from kernels.attention import (
     dense_shape,
     packed_shape,
 )
+from kernels.attention import kernel as kernel_module
 from kernels.attention.tuning import FP8_VARIANT, PASSES, TUNED_TABLE, buckets_for, config_for, fits
 from kernels.common.dtypes import dtype_name
 from tests.graph_replay import replay_and_eager
@@ -118,6 +119,56 @@ def test_other_tilings_of_the_search_space(tiles, device, half_dtype, monkeypatc
     out = attention_varlen(q, k, v, cu, cu, 45, 45, causal=True)
     out.backward(g)
     assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+
+
+def tma_everywhere(monkeypatch) -> list[bool]:
+    """The tuned table's TMA knob on in every bucket; the list returned fills with whether each launch
+    from then on read its tile stream through descriptors (a tensor without the view falls back)."""
+    for name in TUNED_TABLE:
+        monkeypatch.setitem(TUNED_TABLE, name, TUNED_TABLE[name] | {"TMA": 1})
+    taken: list[bool] = []
+    views = kernel_module._tma_views
+
+    def recorded(*args, **kwargs):
+        tma, descriptors = views(*args, **kwargs)
+        taken.append(tma)
+        return tma, descriptors
+
+    monkeypatch.setattr(kernel_module, "_tma_views", recorded)
+    return taken
+
+
+def test_tile_streams_through_tensor_descriptors(device, half_dtype, monkeypatch):
+    """With the tuned table's TMA knob on, every pass reads its tile stream through descriptors of the
+    [rows, heads x head dim] views (rows past a sequence's end are the next sequence's, or zeros past
+    the tensor's): GQA causal, a window with Sq != Sk, unequal q/k and v head dims, a fused QKV's head
+    slices, and packed sequences with empty and one-token ones; MLA's 192 (padding columns) and a
+    transposed layout fall back to pointers in the passes that stream them. All against float64."""
+    taken = tma_everywhere(monkeypatch)
+    for B, Sq, Sk, Hq, Hkv, D, Dv, causal, window in [(2, 150, 150, 4, 2, 64, 64, True, None),
+                                                       (1, 60, 130, 2, 2, 64, 64, True, 100),
+                                                       (1, 33, 70, 2, 2, 128, 64, False, None)]:
+        q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
+        assert_close(autograd_run(q, k, v, g, causal=causal, window=window),
+                     reference(q, k, v, g, causal, window), half_dtype)
+    qkv = torch.randn(2, 67, 8, 64, device=device, dtype=half_dtype)
+    q, k, v, g = qkv[:, :, :4], qkv[:, :, 4:6], qkv[:, :, 6:], torch.randn_like(qkv[:, :, :4])
+    assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
+    lens = (0, 1, 70, 29, 130)
+    q, k, v, g, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention_varlen(q, k, v, cu, cu, 170, 137, causal=True)
+    out.backward(g)
+    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+    assert len(taken) == 5 * 3 and all(taken)
+    taken.clear()
+    q, k, v, g = make(1, 40, 40, 2, 1, 192, 128, half_dtype, device)
+    assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
+    q, k, v, g = make(1, 40, 40, 2, 1, 64, 64, half_dtype, device)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # heads outermost: rows are no [heads x dim] view
+    assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
+    # forward, dK/dV, dQ: MLA's on pointers; the transposed q's dQ pass streams only k and v, by TMA
+    assert taken == [False, False, False, False, False, True]
 
 
 def test_softmax_scale_and_fully_masked_rows(device, half_dtype):

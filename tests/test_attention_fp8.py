@@ -35,7 +35,15 @@ from kernels.attention import quantize_heads as quantize
 from kernels.attention.tuning import FP8_VARIANT, buckets_for
 from kernels.common.fp8 import AMAX_EPS, FP8_MAX
 from tests.graph_replay import replay_and_eager
-from tests.test_attention import DENSE_CASES, assert_one_line_error, make, packed, packed_reference, reference
+from tests.test_attention import (
+    DENSE_CASES,
+    assert_one_line_error,
+    make,
+    packed,
+    packed_reference,
+    reference,
+    tma_everywhere,
+)
 
 E4M3_MAX = FP8_MAX[torch.float8_e4m3fn]
 FLOOR = snr_threshold("e4m3-attention")
@@ -79,6 +87,27 @@ def test_fp8_forward_matches_float64(case, device, half_dtype):
     # The LSE the backward reads: +inf on the rows that see no key, finite elsewhere, and right.
     blind = want.abs().amax(dim=(2, 3)) == 0  # [B, Sq]
     assert torch.isinf(lse.transpose(1, 2)[blind]).all() and torch.isfinite(lse.transpose(1, 2)[~blind]).all()
+
+
+def test_fp8_forward_through_tensor_descriptors(device, half_dtype, monkeypatch):
+    """With the tuned table's TMA knob on, the FP8 forward reads q and k as [rows, heads x head dim] and
+    its sequence-major v as [batch x heads x head dim, keys] boxes, transposed in the kernel (key counts a
+    multiple of 16: the rows of v must be 16-byte aligned): causal GQA, MQA, unequal head dims, d256.
+    Packed v (sequences start at any key) and a key count off 16 bytes stay on pointers."""
+    taken = tma_everywhere(monkeypatch)
+    for B, Sq, Sk, Hq, Hkv, D, Dv, causal in [(2, 150, 144, 4, 2, 64, 64, True), (1, 48, 80, 4, 1, 128, 128, False),
+                                              (1, 33, 64, 2, 2, 128, 64, False), (1, 50, 64, 2, 1, 256, 256, True),
+                                              (1, 40, 37, 2, 1, 64, 64, True)]:
+        q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
+        (q8, k8, v8), scales = fp8_inputs(q, k, v)
+        out, _ = attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal, scales=scales)
+        on_quantized = reference(dequantized(q8, scales.q), dequantized(k8, scales.k), dequantized(v8, scales.v), g,
+                                 causal)[0]
+        assert snr_db(out, on_quantized) >= KERNEL_FLOOR, (Sk, D, snr_db(out, on_quantized))
+    q, k, v, g, cu, _ = packed((0, 1, 70, 29, 60), (0, 1, 70, 29, 60), 4, 2, 64, 64, half_dtype, device)
+    (q8, k8, v8), scales = fp8_inputs(q, k, v, cu, cu)
+    attention_forward(q8, k8, v8, packed_shape(q8, k8, v8, cu, cu, 70, 70), causal=True, scales=scales)
+    assert taken == [True, True, True, True, False, False]
 
 
 def test_fp8_forward_of_packed_sequences(device, half_dtype):
@@ -239,18 +268,25 @@ def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
         assert torch.equal(got, eager_t) and snr_db(got, want) >= FLOOR
 
 
-def test_the_fp8_forward_compiles_to_fp8_tensor_core_instructions_for_hopper():
-    """Compiled for sm_90 here (no GPU needed): both products of the FP8 forward are E4M3 wgmma, with no
-    mma.sync fallback; the bf16 forward is wgmma too; quantize_heads' kernels compile (atomic amax, E4M3
-    conversions)."""
+def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
+    """Compiled for sm_90a here (no GPU needed): both products of the FP8 forward are E4M3 wgmma, with no
+    mma.sync fallback; the bf16 forward and both backward passes are wgmma too, and with the tuned
+    table's TMA knob on, their tile streams are TMA loads; quantize_heads' kernels compile (atomic amax,
+    E4M3 conversions)."""
     done = subprocess.run([sys.executable, "-m", "tests.hopper_compile"], cwd=REPO_ROOT, capture_output=True,
                           text=True, env=os.environ | {"TRITON_INTERPRET": "0"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
-    assert counts["bf16-d128"]["wgmma"] > 0 and counts["bf16-d128"]["wgmma_e4m3"] == 0
+    for kernel in ("bf16-d128", "bwd_kv-d128", "bwd_q-d128"):
+        pointers, tma = counts[f"{kernel}-pointers"], counts[f"{kernel}-tma"]
+        assert pointers["wgmma"] > 0 and pointers["wgmma_e4m3"] == pointers["mma_sync"] == 0, (kernel, pointers)
+        assert pointers["tma_loads"] == 0 and tma["tma_loads"] > 0, (kernel, tma)
+        assert tma["wgmma"] == pointers["wgmma"] and tma["mma_sync"] == 0, (kernel, tma)
     for d in (64, 128, 256):
-        fp8 = counts[f"fp8-d{d}"]
+        fp8, fp8_tma = counts[f"fp8-d{d}"], counts[f"fp8-d{d}-tma"]
         assert fp8["wgmma"] == fp8["wgmma_e4m3"] > 0 and fp8["mma_sync"] == 0, (d, fp8)
+        assert fp8_tma["wgmma"] == fp8_tma["wgmma_e4m3"] > 0 and fp8_tma["mma_sync"] == 0, (d, fp8_tma)
+        assert fp8["tma_loads"] == 0 and fp8_tma["tma_loads"] > 0, (d, fp8_tma)
     for layout in ("dense", "packed"):
         assert counts[f"quantize-{layout}"]["atomics"] > 0 and counts[f"quantize-{layout}"]["cvt_e4m3"] > 0
 

@@ -31,6 +31,15 @@ Every loop over blocks is split in three: masked blocks left of the fully visibl
 edge), the fully visible ones without any mask arithmetic, and masked blocks right of them (causal
 diagonal, sequence end). Head dims that are no power of two (MLA's 192) run padded to the next one
 with masked loads.
+
+Each pass streams tiles of one side (the forward and dQ key blocks of k and v, dK/dV query blocks of q
+and dO) by pointers or, with the tuned table's TMA knob, through tensor descriptors of the tensors'
+[rows, heads x head dim] views (`_tma_view`: a tile is rows x one head's columns). TMA needs no
+address registers: compiled for sm_90a (tests/hopper_compile.py) the d128 forward drops from 255
+registers and 12 bytes spilled to 157 and none, dQ from 182 bytes spilled to 4, dK/dV from 1316 to 684.
+A descriptor knows only the tensor's bounds: rows past a sequence's end are the next sequence's, which
+the masks zero (forward, dQ: scores of keys past the end; dK/dV: probabilities of queries past it).
+Tensors without such a view (MLA's padded head dim, heads outside the rows) stay on pointers.
 """
 
 from __future__ import annotations
@@ -41,11 +50,13 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.attention.tuning import AttentionConfig, config_for
 from kernels.common.device import cdiv
 from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, FP8_MAX, to_fp8_range
 from kernels.common.launch import fast_launch
+from kernels.common.tma import bind_context
 
 LOG2E = math.log2(math.e)
 # FP8 forward: P (in [0, 1]) times 2^P_SCALE_LOG2 before its cast to E4M3 (max 448), so that values down to
@@ -69,6 +80,13 @@ def _seq_bounds(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
         start = 0
         length = seqlen
     return start, length
+
+
+@triton.jit
+def _view_row0(start, b, seqlen, VARLEN: tl.constexpr):
+    """Where sequence b starts among the rows of a [rows, heads x head dim] view (`_tma_view`): at its
+    cu_seqlens start when packed, else b whole sequences in."""
+    return start if VARLEN else b * seqlen
 
 
 @triton.jit
@@ -157,20 +175,40 @@ def _store_tile(ptrs, tile, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl
 
 
 @triton.jit
-def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_dqk, offs_dv,
-                lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+def _rows(src, row0, col, stride_rows, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+          MASK_ROWS: tl.constexpr, TMA: tl.constexpr):
+    """The [rows, BLOCK_D] tile that starts row0 rows into `src`: through a tensor descriptor (TMA: `src` a
+    [rows, heads x head dim] descriptor, the head's columns from `col`; rows past the tensor's end read 0,
+    rows past a sequence's end read the next sequence's, which every caller masks or never stores), or by
+    pointers (`src` the tile's pointers at row 0, `_load_tile`)."""
+    if TMA:
+        tile = src.load([row0, col])
+    else:
+        tile = _load_tile(src + row0 * stride_rows, rows_ok, offs_d, HEAD_DIM, BLOCK_D, MASK_ROWS)
+    return tile
+
+
+@triton.jit
+def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_kn, stride_vn, offs_m, offs_n,
+                offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
                 HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
                 FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr,
-                EMULATE: tl.constexpr):
+                EMULATE: tl.constexpr, TMA: tl.constexpr):
     """The online softmax over key blocks lo..hi: running max m_i (base 2), running sum l_i, acc += P @ V.
-    FP8: P and its row sums carry the factor 2^P_SCALE_LOG2 (P up to 256, fp8 for the P @ V product)."""
+    k and v come through `_rows` (TMA: descriptors, the block's rows from k_row0 + n0 and v_row0 + n0, the
+    kv head's columns from k_col and v_col; else pointers, both row0 = 0); FP8's v with TMA is
+    sequence-major: its [head dim, keys] tile at row v_col, column v_row0 + n0, transposed. FP8: P and its
+    row sums carry the factor 2^P_SCALE_LOG2 (P up to 256, fp8 for the P @ V product)."""
     p_shift: tl.constexpr = P_SCALE_LOG2 if FP8 else 0.0
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + offs_n
         key_ok = cols < seqlen_k
-        k = _load_tile(k_ptrs + n0 * stride_kn, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED)
-        v = _load_tile(v_ptrs + n0 * stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        k = _rows(k_src, k_row0 + n0, k_col, stride_kn, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED, TMA)
+        if TMA and FP8:
+            v = tl.trans(v_src.load([v_col, v_row0 + n0]))
+        else:
+            v = _rows(v_src, v_row0 + n0, v_col, stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             visible = _visible(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, diag, window, CAUSAL, WINDOW)
@@ -193,7 +231,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, 
 @fast_launch
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k, Q_SCALE, K_SCALE, V_SCALE,
+    Q, K, V, O, LSE, cu_seqlens_q, cu_seqlens_k, Q_SCALE, K_SCALE, V_SCALE, Q_DESC, K_DESC, V_DESC,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -204,9 +242,12 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
     FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """FP8: q, k, v hold fp8 values whose scales (fp32, one per sequence and head: [B, Hq] for q, [B, Hkv]
-    for k and v) Q_SCALE, K_SCALE and V_SCALE point at; the scores' scale folds q's and k's in."""
+    for k and v) Q_SCALE, K_SCALE and V_SCALE point at; the scores' scale folds q's and k's in.
+    TMA: q, k and v are read through Q_DESC, K_DESC and V_DESC, descriptors of their [rows, heads x head
+    dim] views (`_tma_view`; rows = batch x sequence, or the packed rows); else those are unused."""
     pid_m = _query_block(CAUSAL)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_q
@@ -228,10 +269,24 @@ def _fwd_kernel(
     bq = b.to(tl.int64)
     kvh = h // group
 
-    q_ptrs = Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
-    q = _load_tile(q_ptrs, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, True)
-    k_ptrs = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
-    v_ptrs = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    k_col = kvh * HEAD_DIM_QK
+    v_col = kvh * HEAD_DIM_V
+    if TMA:
+        q = Q_DESC.load([_view_row0(q_start, b, seqlen_q_dense, VARLEN) + m0, h * HEAD_DIM_QK])
+        k_row0 = _view_row0(k_start, b, seqlen_k_dense, VARLEN)
+        v_row0 = k_row0
+        if FP8:  # v sequence-major: a band of head dim rows per (batch and) kv head, keys along the columns
+            v_row0 = k_start
+            v_col = (_view_row0(0, b, heads_q // group, VARLEN) + kvh) * HEAD_DIM_V
+        k_src = K_DESC
+        v_src = V_DESC
+    else:
+        q_ptrs = Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+        q = _load_tile(q_ptrs, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, True)
+        k_src = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
+        v_src = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+        k_row0 = 0
+        v_row0 = 0
 
     out_scale = 1.0
     if FP8:
@@ -244,18 +299,24 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _visible_range(m0, m0 + BLOCK_M - 1, seqlen_k, diag, window, BLOCK_N, CAUSAL, WINDOW,
                                               True)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
-                                offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window, qk_scale,
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_ks, stride_vs,
+                                offs_m, offs_n, offs_dqk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window,
+                                qk_scale,
                                 True, CAUSAL, WINDOW, BLOCK_N,
-                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
-                                offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE,
+                                TMA)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_ks, stride_vs,
+                                offs_m, offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window,
+                                qk_scale,
                                 False, CAUSAL, WINDOW, BLOCK_N,
-                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk,
-                                offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE,
+                                TMA)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_ks, stride_vs,
+                                offs_m, offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window,
+                                qk_scale,
                                 True, CAUSAL, WINDOW, BLOCK_N,
-                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+                                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE,
+                                TMA)
 
     # A row that saw no key (causal with Sq > Sk) has l_i = 0: output 0, LSE +inf.
     seen = l_i > 0.0
@@ -300,18 +361,19 @@ def _bwd_preprocess_kernel(
 
 
 @triton.jit
-def _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom,
+def _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, q_col, do_col, lse_ptrs, delta_ptrs, stride_qm, stride_dom,
                    offs_m, offs_n, offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
                    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
-                   BLOCK_DV: tl.constexpr):
+                   BLOCK_DV: tl.constexpr, TMA: tl.constexpr):
     """dV += P^T dO and dK += dS^T Q over query blocks lo..hi, computed transposed ([keys, queries]) so
-    that the key block's rows stay the accumulators' rows."""
+    that the key block's rows stay the accumulators' rows. q and dO come through `_rows` (as k and v in
+    `_fwd_blocks`: rows from q_row0 + m0, the q head's columns from q_col and do_col)."""
     for m0 in range(lo, hi, BLOCK_M):
         rows = m0 + offs_m
         row_ok = rows < seqlen_q
-        q = _load_tile(q_ptrs + m0 * stride_qm, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED)
-        do = _load_tile(do_ptrs + m0 * stride_dom, row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        q = _rows(q_src, q_row0 + m0, q_col, stride_qm, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED, TMA)
+        do = _rows(do_src, q_row0 + m0, do_col, stride_dom, row_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
         if MASKED:
             lse = tl.load(lse_ptrs + m0, mask=row_ok, other=0.0)
             delta = tl.load(delta_ptrs + m0, mask=row_ok, other=0.0)
@@ -333,7 +395,7 @@ def _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_q
 @fast_launch
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, cu_seqlens_q, cu_seqlens_k,
+    Q, K, V, DO, LSE, DELTA, DK, DV, cu_seqlens_q, cu_seqlens_k, Q_DESC, DO_DESC,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -344,8 +406,9 @@ def _bwd_dkdv_kernel(
     heads_kv, group, seqlen_q_dense, seqlen_k_dense, window, qk_scale, sm_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TMA: tl.constexpr,
 ):
+    """TMA: the query blocks' q and dO tiles are read through Q_DESC and DO_DESC (see `_fwd_kernel`)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_kv
@@ -375,20 +438,33 @@ def _bwd_dkdv_kernel(
                                               False)
     # A key block cut by the sequence's end runs its padding keys (k = v = 0) unmasked through the fully
     # visible query blocks: their dK/dV rows are garbage, but rows are independent and those are never stored.
+    q_row0 = 0
+    if TMA:
+        q_row0 = _view_row0(q_start, b, seqlen_q_dense, VARLEN)
     for h in range(kvh * group, kvh * group + group):  # the q heads that read this kv head
-        q_ptrs = Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
-        do_ptrs = DO + bq * stride_gb + h * stride_gh + q_rows[:, None] * stride_gs + offs_dv[None, :] * stride_gd
+        if TMA:
+            q_src = Q_DESC
+            do_src = DO_DESC
+        else:
+            q_src = Q + bq * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+            do_src = DO + bq * stride_gb + h * stride_gh + q_rows[:, None] * stride_gs + offs_dv[None, :] * stride_gd
         lse_ptrs = LSE + bq * stride_lb + h * stride_lh + q_rows
         delta_ptrs = DELTA + bq * stride_lb + h * stride_lh + q_rows
-        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qs, stride_gs,
+        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
+                                delta_ptrs, stride_qs, stride_gs,
                                 offs_m, offs_n, offs_dqk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window,
-                                qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qs, stride_gs,
+                                qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
+                                TMA)
+        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
+                                delta_ptrs, stride_qs, stride_gs,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window,
-                                qk_scale, False, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qs, stride_gs,
+                                qk_scale, False, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
+                                TMA)
+        dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
+                                delta_ptrs, stride_qs, stride_gs,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window,
-                                qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+                                qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
+                                TMA)
 
     _store_tile(DK + bq * stride_dkb + kvh * stride_dkh + k_rows[:, None] * stride_dks + offs_dqk[None, :] * stride_dkd,
                 dk * sm_scale, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
@@ -397,17 +473,17 @@ def _bwd_dkdv_kernel(
 
 
 @triton.jit
-def _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_dqk, offs_dv,
-                  lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+def _bwd_q_blocks(dq, q, do, lse, delta, k_src, v_src, k_row0, k_col, v_col, stride_kn, stride_vn, offs_m, offs_n,
+                  offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
                   HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
-                  BLOCK_DV: tl.constexpr):
-    """dQ += dS K over key blocks lo..hi."""
+                  BLOCK_DV: tl.constexpr, TMA: tl.constexpr):
+    """dQ += dS K over key blocks lo..hi (k and v through `_rows`, as in `_fwd_blocks`)."""
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + offs_n
         key_ok = cols < seqlen_k
-        k = _load_tile(k_ptrs + n0 * stride_kn, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED)
-        v = _load_tile(v_ptrs + n0 * stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED)
+        k = _rows(k_src, k_row0 + n0, k_col, stride_kn, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK, MASKED, TMA)
+        v = _rows(v_src, k_row0 + n0, v_col, stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
         if MASKED:
             p = tl.where(_visible(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, diag, window, CAUSAL, WINDOW),
@@ -420,7 +496,7 @@ def _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, o
 @fast_launch
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, cu_seqlens_q, cu_seqlens_k,
+    Q, K, V, DO, LSE, DELTA, DQ, cu_seqlens_q, cu_seqlens_k, K_DESC, V_DESC,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -430,8 +506,9 @@ def _bwd_dq_kernel(
     heads_q, group, seqlen_q_dense, seqlen_k_dense, window, qk_scale, sm_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TMA: tl.constexpr,
 ):
+    """TMA: the key blocks' k and v tiles are read through K_DESC and V_DESC (see `_fwd_kernel`)."""
     pid_m = _query_block(CAUSAL)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_q
@@ -459,23 +536,31 @@ def _bwd_dq_kernel(
     # Rows past the end load LSE 0 and delta 0: finite, and their dQ is never stored.
     lse = tl.load(LSE + bq * stride_lb + h * stride_lh + q_rows, mask=row_ok, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + bq * stride_lb + h * stride_lh + q_rows, mask=row_ok, other=0.0)
-    k_ptrs = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
-    v_ptrs = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    if TMA:
+        k_src = K_DESC
+        v_src = V_DESC
+        k_row0 = _view_row0(k_start, b, seqlen_k_dense, VARLEN)
+    else:
+        k_src = K + bq * stride_kb + kvh * stride_kh + k_rows[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
+        v_src = V + bq * stride_vb + kvh * stride_vh + k_rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+        k_row0 = 0
+    k_col = kvh * HEAD_DIM_QK
+    v_col = kvh * HEAD_DIM_V
 
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
     # Padding rows of a query block cut by the sequence's end need no mask either: with q = dO = 0 and
     # LSE = delta = 0 their dS is 0, and their dQ rows are never stored.
     lo, full_lo, full_hi, hi = _visible_range(m0, m0 + BLOCK_M - 1, seqlen_k, diag, window, BLOCK_N, CAUSAL, WINDOW,
                                               True)
-    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk, offs_dv,
-                       lo, full_lo, seqlen_q, seqlen_k, diag, window, qk_scale,
-                       True, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk, offs_dv,
-                       full_lo, full_hi, seqlen_q, seqlen_k, diag, window, qk_scale,
-                       False, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
-    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, offs_dqk, offs_dv,
-                       full_hi, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
-                       True, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV)
+    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_src, v_src, k_row0, k_col, v_col, stride_ks, stride_vs, offs_m,
+                       offs_n, offs_dqk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window, qk_scale,
+                       True, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, TMA)
+    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_src, v_src, k_row0, k_col, v_col, stride_ks, stride_vs, offs_m,
+                       offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                       False, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, TMA)
+    dq = _bwd_q_blocks(dq, q, do, lse, delta, k_src, v_src, k_row0, k_col, v_col, stride_ks, stride_vs, offs_m,
+                       offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
+                       True, CAUSAL, WINDOW, BLOCK_N, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, TMA)
     _store_tile(DQ + bq * stride_dqb + h * stride_dqh + q_rows[:, None] * stride_dqs + offs_dqk[None, :] * stride_dqd,
                 dq * sm_scale, row_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
 
@@ -612,6 +697,52 @@ def _cu(shape: AttentionShape, q: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return (shape.cu_seqlens_q, shape.cu_seqlens_k) if shape.packed else (q, q)
 
 
+def _tma_view(t: torch.Tensor, shape: AttentionShape, head_dim: int, block_rows: int,
+              sequence_major: bool = False) -> TensorDescriptor | None:
+    """A descriptor of q, k, v or dO as [rows, heads x head dim] (rows: batch x sequence, or the packed
+    rows) with a [block_rows, head dim] box, when TMA can read it that way: a power-of-two head dim (no
+    padding columns to mask), the head dim contiguous and the heads next to each other, dense batches
+    one after the other at the row stride, a 16-byte aligned base and row stride. Else None.
+
+    `sequence_major` (the FP8 forward's dense v as quantize_per_head lays it out): as [batch x heads x
+    head dim, sequence], the sequence contiguous, with a [head dim, block_rows] box: one band of head dim
+    rows per batch and head. Not packed: a box's innermost start must be 16-byte aligned (Triton's
+    interpreter holds descriptors to it), and a packed sequence starts at any key."""
+    size = t.element_size()
+    if t.numel() == 0 or head_dim & (head_dim - 1) or t.data_ptr() % 16 or (sequence_major and shape.packed):
+        return None
+    heads, seq_dim = t.shape[-2], 0 if shape.packed else 1
+    if sequence_major:
+        row_stride, cols = t.stride(-1), t.shape[seq_dim]
+        band = heads * head_dim * row_stride  # one batch's rows
+        layout_ok = t.stride(seq_dim) == 1 and t.stride(-2) == head_dim * row_stride
+    else:
+        row_stride, cols = t.stride(seq_dim), heads * head_dim
+        band = t.shape[1] * row_stride
+        layout_ok = t.stride(-1) == 1 and t.stride(-2) == head_dim
+    stacked = shape.packed or t.shape[0] == 1 or t.stride(0) == band
+    box = [head_dim, block_rows] if sequence_major else [block_rows, head_dim]
+    if not (layout_ok and stacked and row_stride >= cols and (row_stride * size) % 16 == 0
+            and (box[1] * size) % 16 == 0):
+        return None
+    rows = t.numel() // cols
+    return TensorDescriptor(t, [rows, cols], [row_stride, 1], box)
+
+
+def _tma_views(cfg: AttentionConfig, shape: AttentionShape, reads: tuple[tuple[torch.Tensor, bool, int], ...],
+               sequence_major_last: bool = False) -> tuple[bool, tuple[object, ...]]:
+    """(TMA, the kernel's descriptor arguments) for the tensors a kernel reads by tiles, each given as
+    (tensor, whether it has the q/k head dim (else v's), the tile's rows), the last one sequence-major
+    if `sequence_major_last`: descriptors when the config asks for TMA and every one of them admits it
+    (`_tma_view`), else the tensors themselves (unused)."""
+    views = [_tma_view(t, shape, shape.head_dim_qk if qk else shape.head_dim_v, rows,
+                       sequence_major_last and i == len(reads) - 1) for i, (t, qk, rows) in enumerate(reads)]
+    if not cfg.TMA or None in views:
+        return False, tuple(t for t, _, _ in reads)
+    bind_context(reads[0][0].device)
+    return True, tuple(views)
+
+
 def _launch(cfg: AttentionConfig) -> dict[str, int]:
     return {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
@@ -637,12 +768,15 @@ def forward_into(
     if grid[0] * grid[1] == 0:
         return
     scale_ptrs = (q, q, q) if scales is None else (scales.q, scales.k, scales.v)  # not read without FP8
+    tma, views = _tma_views(cfg, shape, ((q, True, cfg.BLOCK_M), (k, True, cfg.BLOCK_N), (v, False, cfg.BLOCK_N)),
+                            sequence_major_last=scales is not None)
     _fwd_kernel[grid](
-        q, k, v, out, lse, *_cu(shape, q), *scale_ptrs,
+        q, k, v, out, lse, *_cu(shape, q), *scale_ptrs, *views,
         *_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(out, shape),
         *_lse_strides(lse, shape),
         shape.heads_q, shape.group, shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E,
         **_common(shape, causal, window), **_launch(cfg), FP8=scales is not None, **FORMAT_ARGS[torch.float8_e4m3fn],
+        TMA=tma,
     )
 
 
@@ -670,16 +804,18 @@ def backward_into(
     cfg = config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
     if grid[0] * grid[1] > 0:
+        tma, views = _tma_views(cfg, shape, ((q, True, cfg.BLOCK_M), (grad_out, False, cfg.BLOCK_M)))
         _bwd_dkdv_kernel[grid](
-            *tensors, dk, dv, cu_q, cu_k, *strides, *_strides(dk, shape), *_strides(dv, shape),
-            *_lse_strides(lse, shape), shape.heads_kv, shape.group, *scalars, **common, **_launch(cfg),
+            *tensors, dk, dv, cu_q, cu_k, *views, *strides, *_strides(dk, shape), *_strides(dv, shape),
+            *_lse_strides(lse, shape), shape.heads_kv, shape.group, *scalars, **common, **_launch(cfg), TMA=tma,
         )
     cfg = config_for("bwd_q", shape.head_dim_qk, shape.head_dim_v)
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] > 0:
+        tma, views = _tma_views(cfg, shape, ((k, True, cfg.BLOCK_N), (v, False, cfg.BLOCK_N)))
         _bwd_dq_kernel[grid](
-            *tensors, dq, cu_q, cu_k, *strides, *_strides(dq, shape),
-            *_lse_strides(lse, shape), shape.heads_q, shape.group, *scalars, **common, **_launch(cfg),
+            *tensors, dq, cu_q, cu_k, *views, *strides, *_strides(dq, shape),
+            *_lse_strides(lse, shape), shape.heads_q, shape.group, *scalars, **common, **_launch(cfg), TMA=tma,
         )
 
 

@@ -4,8 +4,9 @@ The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, on
 A bucket is a pass (`fwd`, `fwd_fp8`: the FP8 forward, `bwd_kv`: dK/dV per K/V block, `bwd_q`: dQ per
 Q block) and the padded head dim (the larger of the q/k and v head dims, rounded up to a power of two:
 MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass.
-HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them): they tell `fits` the bucket's
-head dim and operand width.
+TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (kernel.py's docstring;
+tensors without a [rows, heads x head dim] view fall back to pointers). HEAD_DIM and ELEMENT_BYTES are
+no knobs (the search never moves them): they tell `fits` the bucket's head dim and operand width.
 
 Starting points (not yet measured here): the Triton fused-attention tutorial's Hopper choices:
 a 128x64 forward tile with 3 stages; narrow query blocks (32) against wide key blocks for dK/dV,
@@ -13,7 +14,8 @@ the transpose for dQ; smaller tiles and fewer stages at d256, where registers an
 The FP8 forward (not yet timed on a GPU) starts from the tiles that compile for sm_90a with the fewest
 register spills (Triton 3.9, ptxas of CUDA 13.4, 2026-11-24: d64 128x128 none; d128 128x64 116 bytes
 against 1540 at 128x128; d256 128x32 728 against 1176 at 64x64); the bf16 table's own configs spill
-12 (d128) to 756 (d256) bytes there.
+12 (d128) to 756 (d256) bytes there. TMA starts off everywhere: with it on, the d128 passes compile to
+fewer registers and spills (kernel.py), but it has not been timed on a GPU (scripts/gpu_attention_tma.sh).
 """
 
 from __future__ import annotations
@@ -28,21 +30,22 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_N": (16, 32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4, 5),
+    "TMA": (0, 1),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "HEAD_DIM": 64},
-    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
-    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
-    "bwd_kv-d64": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 64},
-    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
-    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
-    "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "HEAD_DIM": 64},
-    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128},
-    "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256},
-    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
+    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
+    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
+    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256},
+    "bwd_kv-d64": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
+    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
+    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256},
+    "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
+    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
+    "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256},
+    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
 }
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
@@ -56,6 +59,7 @@ class AttentionConfig:
     BLOCK_N: int
     num_warps: int
     num_stages: int
+    TMA: int
 
 
 def padded_head_dim(head_dim_qk: int, head_dim_v: int) -> int:
