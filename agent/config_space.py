@@ -3,7 +3,9 @@ values in order, and the op's `fits` (what the GPU can run). Every search algori
 (agent/search_algorithms.py) draws and moves configs through this, and nothing else.
 
 A config is a plain {knob: value} dict, as a TUNED_TABLE bucket holds it; knobs the space does not
-declare (attention's HEAD_DIM) ride along unchanged from the config a search starts from.
+declare (attention's HEAD_DIM) ride along unchanged from the config a search starts from, and a
+declared knob that a bucket does not hold is not that bucket's (attention's DQ_ATOMIC lives in its
+dK/dV buckets only): never added to it, never moved.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class ConfigSpace:
     fits: Callable[[Mapping[str, int]], bool] = field(default=_anything_fits, compare=False)
 
     def valid(self, cfg: Mapping[str, int]) -> bool:
-        return all(cfg.get(knob) in values for knob, values in self.knobs.items()) and self.fits(cfg)
+        return all(cfg[knob] in values for knob, values in self.knobs.items() if knob in cfg) and self.fits(cfg)
 
     def neighbours(self, cfg: Config) -> list[Config]:
         """Every valid config one step away on one knob (the pattern search's moves)."""
@@ -48,7 +50,7 @@ class ConfigSpace:
     def random(self, base: Config, rng: random.Random, tries: int = 100) -> Config | None:
         """A uniformly drawn valid config (None if `tries` draws all failed `fits`)."""
         for _ in range(tries):
-            cfg = base | {knob: rng.choice(values) for knob, values in self.knobs.items()}
+            cfg = base | {knob: rng.choice(values) for knob, values in self.knobs.items() if knob in base}
             if self.fits(cfg):
                 return cfg
         return None
@@ -63,7 +65,7 @@ class ConfigSpace:
             columns[knob] = [values[min(len(values) - 1, int((s + rng.random()) / n * len(values)))] for s in strata]
         out = []
         for i in range(n):
-            cfg = base | {knob: column[i] for knob, column in columns.items()}
+            cfg = base | {knob: column[i] for knob, column in columns.items() if knob in base}
             replacement = cfg if self.fits(cfg) else self.random(base, rng)
             if replacement is not None:
                 out.append(replacement)

@@ -1,14 +1,15 @@
 """Compile the attention kernels for Hopper (sm_90a) on a machine without a GPU, with Triton's own ptxas:
 `python -m tests.hopper_compile` prints, for the FP8 forward at each head dim, and for the bf16 forward
-and both backward passes at d128, with their tile streams loaded by pointers and through tensor
-descriptors (TMA, the tuned table's knob), what the PTX holds (wgmma instructions, and of those the
-E4M3 ones; mma.sync, Ampere's fallback; TMA loads) and what ptxas reports (registers, bytes spilled),
-and the E4M3 conversions in the kernels that quantize q, k and v (dense, and packed into the
-sequence-major layout). Run with TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on
-where no GPU is)."""
+and both backward passes at d128 (dK/dV also adding dQ atomically), with their tile streams loaded by
+pointers and through tensor descriptors (TMA, the tuned table's knob), what the PTX holds (wgmma
+instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback; TMA loads; atomics) and what
+ptxas reports (registers, bytes spilled), and the E4M3 conversions in the kernels that quantize q, k
+and v (dense, and packed into the sequence-major layout). Run with TRITON_INTERPRET=0
+(kernels/__init__ switches the interpreter on where no GPU is)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -86,22 +87,29 @@ def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, in
     return _instructions(ptx) | _ptxas_report(ptx)
 
 
-def compile_backward(pass_: str, head_dim: int, tma: bool) -> dict[str, int]:
-    """The causal dense bf16 backward pass (`bwd_kv` or `bwd_q`) as `backward_into` launches it."""
+def compile_backward(pass_: str, head_dim: int, tma: bool, dq_atomic: bool = False) -> dict[str, int]:
+    """The causal dense bf16 backward pass (`bwd_kv` or `bwd_q`) as `backward_into` launches it with the
+    table's config; `dq_atomic`: the dK/dV pass adding dQ into fp32 (its atomics counted), with query
+    blocks of 64 rows and 2 stages (`fits` wants 64 rows or more)."""
     cfg = config_for(pass_, head_dim, head_dim)
+    if dq_atomic:
+        cfg = dataclasses.replace(cfg, BLOCK_M=64, num_stages=2, DQ_ATOMIC=1)
     kernel, tiles = ((_bwd_dkdv_kernel, {"Q_DESC": cfg.BLOCK_M, "DO_DESC": cfg.BLOCK_M}) if pass_ == "bwd_kv"
                      else (_bwd_dq_kernel, {"K_DESC": cfg.BLOCK_N, "V_DESC": cfg.BLOCK_N}))
     types = dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV", "DQ"), "*bf16") | {
-        "LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32",
-        "sm_scale": "fp32"}
+        "LSE": "*fp32", "DELTA": "*fp32", "DQ_ACC": "*fp32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32",
+        "qk_scale": "fp32", "sm_scale": "fp32"}
     if tma:
         types |= {name: f"tensordesc<bf16[{rows}, {head_dim}]>" for name, rows in tiles.items()}
     names = kernel.kernel.arg_names
     constants = {"HEAD_DIM_QK": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_DQK": head_dim, "BLOCK_DV": head_dim,
                  "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "VARLEN": False, "CAUSAL": True, "WINDOW": False,
                  "TMA": tma} | {name: 1 for name in names if name.startswith("stride_") and name.endswith("d")}
+    if pass_ == "bwd_kv":
+        constants["DQ_ATOMIC"] = dq_atomic
     ptx = _ptx(kernel, {k: v for k, v in types.items() if k in names}, constants, cfg.num_warps, cfg.num_stages)
-    return _instructions(ptx) | _ptxas_report(ptx)
+    atomics = {"atomic_adds": len(re.findall(r"(?:red|atom)\.global\S*\.add\.f32", ptx))}
+    return _instructions(ptx) | atomics | _ptxas_report(ptx)
 
 
 def compile_quantization(packed: bool) -> dict[str, int]:
@@ -120,5 +128,7 @@ if __name__ == "__main__":
     found |= {f"bf16-d128-{'tma' if tma else 'pointers'}": compile_forward(False, 128, tma) for tma in (False, True)}
     found |= {f"{pass_}-d128-{'tma' if tma else 'pointers'}": compile_backward(pass_, 128, tma)
               for pass_ in ("bwd_kv", "bwd_q") for tma in (False, True)}
+    found |= {f"bwd_kv-d128-{'tma' if tma else 'pointers'}-dq-atomic": compile_backward("bwd_kv", 128, tma, True)
+              for tma in (False, True)}
     found |= {f"quantize-{'packed' if packed else 'dense'}": compile_quantization(packed) for packed in (False, True)}
     print(json.dumps(found))

@@ -171,6 +171,33 @@ def test_tile_streams_through_tensor_descriptors(device, half_dtype, monkeypatch
     assert taken == [False, False, False, False, False, True]
 
 
+def test_dq_added_atomically_by_the_dkdv_pass(device, half_dtype, monkeypatch):
+    """With DQ_ATOMIC in the dK/dV buckets, that pass adds dQ into fp32 and the dQ pass never runs: GQA
+    causal, a window with Sq != Sk, queries that see no key, MLA's padded head dim, packed sequences with
+    empty and one-token ones; then with TMA on too. All against float64."""
+    for name in TUNED_TABLE:
+        if name.startswith("bwd_kv"):
+            monkeypatch.setitem(TUNED_TABLE, name, TUNED_TABLE[name] | {"DQ_ATOMIC": 1})
+    dq_pass = []
+    monkeypatch.setattr(kernel_module, "_bwd_dq_kernel", dq_pass)  # launching it would fail: never launched
+    for name in ("gqa-causal-d64-s150", "window100-q60-k130", "causal-q100-k37-empty-rows",
+                 "mla-causal-d192-v128-s61"):
+        B, Sq, Sk, Hq, Hkv, D, Dv, causal, window = DENSE_CASES[name]
+        q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
+        assert_close(autograd_run(q, k, v, g, causal=causal, window=window),
+                     reference(q, k, v, g, causal, window), half_dtype)
+    lens = (0, 1, 70, 29, 130)
+    q, k, v, g, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention_varlen(q, k, v, cu, cu, 130, 130, causal=True)
+    out.backward(g)
+    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+    taken = tma_everywhere(monkeypatch)
+    q, k, v, g = make(2, 150, 150, 4, 2, 64, 64, half_dtype, device)
+    assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
+    assert taken == [True, True] and dq_pass == []
+
+
 def test_softmax_scale_and_fully_masked_rows(device, half_dtype):
     """A given scale is used; queries that see no key (causal, Sq > Sk) get out 0, LSE +inf, dq 0."""
     q, k, v, g = make(1, 20, 5, 2, 1, 64, 64, half_dtype, device)
@@ -317,6 +344,10 @@ def test_tuned_table_lies_in_the_tunable_space_and_fits():
     # 1-byte operands: an FP8 tile fits where the same 16-bit one would not.
     wide = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "HEAD_DIM": 128}
     assert fits(wide | {"ELEMENT_BYTES": 1}) and not fits(wide)
+    # dQ added by the dK/dV pass: only in its buckets, and with query blocks wgmma can take (64 rows and up).
+    assert config_for("bwd_kv", 128, 128).DQ_ATOMIC == 0 and "DQ_ATOMIC" not in TUNED_TABLE["bwd_q-d128"]
+    atomic = TUNED_TABLE["bwd_kv-d128"] | {"DQ_ATOMIC": 1, "num_stages": 2}
+    assert fits(atomic | {"BLOCK_M": 64}) and not fits(atomic | {"BLOCK_M": 32})
     assert buckets_for({"D": 192, "Dv": 128}) == {"fwd-d256", "bwd_kv-d256", "bwd_q-d256"}
     assert buckets_for({"D": 64}) == {"fwd-d64", "bwd_kv-d64", "bwd_q-d64"}
     assert buckets_for({"D": 128}, FP8_VARIANT) == {"fwd_fp8-d128", "bwd_kv-d128", "bwd_q-d128"}

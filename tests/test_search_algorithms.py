@@ -83,3 +83,17 @@ def test_nothing_better_leaves_the_start():
 def test_an_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="unknown search algorithm 'annealing'"):
         make_search("annealing", SPACE)
+
+
+def test_a_knob_a_bucket_does_not_hold_is_never_added_or_moved():
+    """Attention's DQ_ATOMIC lives in its dK/dV buckets only: a forward bucket's configs never get it."""
+    from kernels.attention import tuning as attention_tuning
+
+    space = ConfigSpace({k: tuple(v) for k, v in attention_tuning.TUNABLE_SPACE.items()}, attention_tuning.fits)
+    forward, dkdv = attention_tuning.TUNED_TABLE["fwd-d128"], attention_tuning.TUNED_TABLE["bwd_kv-d128"]
+    rng = random.Random(0)
+    drawn = [*space.neighbours(forward), *space.latin_hypercube(forward, 12, rng),
+             *(space.random(forward, rng) for _ in range(12))]
+    assert drawn and all("DQ_ATOMIC" not in c and space.valid(c) for c in drawn)
+    assert any(c["DQ_ATOMIC"] == 1 for c in [*space.latin_hypercube(dkdv | {"BLOCK_M": 64}, 12, rng),
+                                             *(space.random(dkdv, rng) for _ in range(24))])

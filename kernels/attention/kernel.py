@@ -23,10 +23,12 @@ Kernels:
 - `_bwd_preprocess_kernel`: delta = rowsum(dO * O), fp32, laid out as the LSE.
 - `_bwd_dkdv_kernel`: one program per (key block, batch x kv head); dK and dV stay in registers
   while it walks the query blocks of every q head of its group, so GQA needs no reduction pass.
-- `_bwd_dq_kernel`: one program per (query block, batch x q head) walks the key blocks. dQ gets a
-  separate pass instead of atomic adds from the dK/dV pass: it recomputes P and dP (7 block matmuls
-  per step instead of 5), but needs no fp32 dQ scratch to zero and convert, and the result is
-  deterministic, bit for bit, run to run.
+- `_bwd_dq_kernel`: one program per (query block, batch x q head) walks the key blocks. By default dQ
+  gets this separate pass instead of atomic adds from the dK/dV pass: it recomputes P and dP (7 block
+  matmuls per step instead of 5), but needs no fp32 dQ scratch to zero and convert, and the result is
+  deterministic, bit for bit, run to run. The dK/dV buckets' DQ_ATOMIC knob takes the other road
+  (FlashAttention-2's): the dK/dV pass adds each key block's dS K into a zeroed fp32 dQ with relaxed
+  atomic adds, and this pass does not run.
 Every loop over blocks is split in three: masked blocks left of the fully visible ones (window
 edge), the fully visible ones without any mask arithmetic, and masked blocks right of them (causal
 diagonal, sequence end). Head dims that are no power of two (MLA's 192) run padded to the next one
@@ -362,13 +364,16 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, q_col, do_col, lse_ptrs, delta_ptrs, stride_qm, stride_dom,
+                   dq_ptrs, stride_dqm, sm_scale,
                    offs_m, offs_n, offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
                    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
-                   BLOCK_DV: tl.constexpr, TMA: tl.constexpr):
+                   BLOCK_DV: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr):
     """dV += P^T dO and dK += dS^T Q over query blocks lo..hi, computed transposed ([keys, queries]) so
     that the key block's rows stay the accumulators' rows. q and dO come through `_rows` (as k and v in
-    `_fwd_blocks`: rows from q_row0 + m0, the q head's columns from q_col and do_col)."""
+    `_fwd_blocks`: rows from q_row0 + m0, the q head's columns from q_col and do_col).
+    DQ_ATOMIC: also dQ += dS K * sm_scale, added atomically into the fp32 rows at dq_ptrs (the key
+    block's share; the key rows past the sequence's end are 0 and add nothing)."""
     for m0 in range(lo, hi, BLOCK_M):
         rows = m0 + offs_m
         row_ok = rows < seqlen_q
@@ -387,28 +392,38 @@ def _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, q_col, do_col, lse_ptrs,
                            p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk = tl.dot(ds_t, q, dk)
+        if DQ_ATOMIC:
+            dq = tl.dot(tl.trans(ds_t), k) * sm_scale
+            if MASKED or BLOCK_DQK != HEAD_DIM_QK:
+                dq_mask = row_ok[:, None] & (offs_dqk < HEAD_DIM_QK)[None, :]
+                tl.atomic_add(dq_ptrs + m0 * stride_dqm, dq, mask=dq_mask, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs + m0 * stride_dqm, dq, sem="relaxed")
     return dk, dv
 
 
 @fast_launch
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, cu_seqlens_q, cu_seqlens_k, Q_DESC, DO_DESC,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, cu_seqlens_q, cu_seqlens_k, Q_DESC, DO_DESC,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_gb, stride_gs, stride_gh, stride_gd,
     stride_dkb, stride_dks, stride_dkh, stride_dkd,
     stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+    stride_aqb, stride_aqs, stride_aqh, stride_aqd,
     stride_lb, stride_lh,
     heads_kv, group, seqlen_q_dense, seqlen_k_dense, window, qk_scale, sm_scale,
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TMA: tl.constexpr,
+    VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr,
 ):
-    """TMA: the query blocks' q and dO tiles are read through Q_DESC and DO_DESC (see `_fwd_kernel`)."""
+    """TMA: the query blocks' q and dO tiles are read through Q_DESC and DO_DESC (see `_fwd_kernel`).
+    DQ_ATOMIC: dQ too, added into DQ_ACC (fp32, zeroed, laid out as q; strides stride_aq*), so that no
+    dQ pass has to recompute P and dP."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_kv
@@ -450,21 +465,23 @@ def _bwd_dkdv_kernel(
             do_src = DO + bq * stride_gb + h * stride_gh + q_rows[:, None] * stride_gs + offs_dv[None, :] * stride_gd
         lse_ptrs = LSE + bq * stride_lb + h * stride_lh + q_rows
         delta_ptrs = DELTA + bq * stride_lb + h * stride_lh + q_rows
+        dq_ptrs = (DQ_ACC + bq * stride_aqb + h * stride_aqh + q_rows[:, None] * stride_aqs
+                   + offs_dqk[None, :] * stride_aqd)
         dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
-                                delta_ptrs, stride_qs, stride_gs,
+                                delta_ptrs, stride_qs, stride_gs, dq_ptrs, stride_aqs, sm_scale,
                                 offs_m, offs_n, offs_dqk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window,
                                 qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
-                                TMA)
+                                TMA, DQ_ATOMIC)
         dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
-                                delta_ptrs, stride_qs, stride_gs,
+                                delta_ptrs, stride_qs, stride_gs, dq_ptrs, stride_aqs, sm_scale,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window,
                                 qk_scale, False, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
-                                TMA)
+                                TMA, DQ_ATOMIC)
         dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
-                                delta_ptrs, stride_qs, stride_gs,
+                                delta_ptrs, stride_qs, stride_gs, dq_ptrs, stride_aqs, sm_scale,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window,
                                 qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
-                                TMA)
+                                TMA, DQ_ATOMIC)
 
     _store_tile(DK + bq * stride_dkb + kvh * stride_dkh + k_rows[:, None] * stride_dks + offs_dqk[None, :] * stride_dkd,
                 dk * sm_scale, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
@@ -802,13 +819,19 @@ def backward_into(
     strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
 
     cfg = config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
+    # DQ_ATOMIC: the dK/dV pass adds dQ into fp32 (zeroed: every key block adds its share), and no dQ pass runs.
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if cfg.DQ_ATOMIC else dq
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
     if grid[0] * grid[1] > 0:
         tma, views = _tma_views(cfg, shape, ((q, True, cfg.BLOCK_M), (grad_out, False, cfg.BLOCK_M)))
         _bwd_dkdv_kernel[grid](
-            *tensors, dk, dv, cu_q, cu_k, *views, *strides, *_strides(dk, shape), *_strides(dv, shape),
-            *_lse_strides(lse, shape), shape.heads_kv, shape.group, *scalars, **common, **_launch(cfg), TMA=tma,
+            *tensors, dk, dv, dq_acc, cu_q, cu_k, *views, *strides, *_strides(dk, shape), *_strides(dv, shape),
+            *_strides(dq_acc, shape), *_lse_strides(lse, shape), shape.heads_kv, shape.group, *scalars, **common,
+            **_launch(cfg), TMA=tma, DQ_ATOMIC=bool(cfg.DQ_ATOMIC),
         )
+    if cfg.DQ_ATOMIC:
+        dq.copy_(dq_acc)
+        return
     cfg = config_for("bwd_q", shape.head_dim_qk, shape.head_dim_v)
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] > 0:

@@ -5,8 +5,11 @@ A bucket is a pass (`fwd`, `fwd_fp8`: the FP8 forward, `bwd_kv`: dK/dV per K/V b
 Q block) and the padded head dim (the larger of the q/k and v head dims, rounded up to a power of two:
 MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass.
 TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (kernel.py's docstring;
-tensors without a [rows, heads x head dim] view fall back to pointers). HEAD_DIM and ELEMENT_BYTES are
-no knobs (the search never moves them): they tell `fits` the bucket's head dim and operand width.
+tensors without a [rows, heads x head dim] view fall back to pointers). DQ_ATOMIC, in the dK/dV buckets
+only, 1: that pass also adds dQ atomically into an fp32 buffer and the dQ pass does not run (5 block
+matmuls per step of the backward instead of 7, at the cost of fp32 atomics and bit-exact repeats; the
+bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
+they tell `fits` the bucket's head dim and operand width.
 
 Starting points (not yet measured here): the Triton fused-attention tutorial's Hopper choices:
 a 128x64 forward tile with 3 stages; narrow query blocks (32) against wide key blocks for dK/dV,
@@ -31,15 +34,16 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4, 5),
     "TMA": (0, 1),
+    "DQ_ATOMIC": (0, 1),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
     "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
     "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
     "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256},
-    "bwd_kv-d64": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
-    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
-    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256},
+    "bwd_kv-d64": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 64},
+    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 128},
+    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 256},
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256},
@@ -49,6 +53,8 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 }
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
+# Knobs of one pass only, held by its buckets alone (the search never adds a knob to a bucket).
+PASS_KNOBS: dict[str, str] = {"DQ_ATOMIC": "bwd_kv"}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
@@ -60,6 +66,7 @@ class AttentionConfig:
     num_warps: int
     num_stages: int
     TMA: int
+    DQ_ATOMIC: int = 0
 
 
 def padded_head_dim(head_dim_qk: int, head_dim_v: int) -> int:
@@ -72,13 +79,16 @@ def bucket(pass_: str, head_dim_qk: int, head_dim_v: int) -> str:
 
 
 def config_for(pass_: str, head_dim_qk: int, head_dim_v: int) -> AttentionConfig:
-    """The table's config of a pass at these head dims, refused if a knob lies outside the tunable space."""
+    """The table's config of a pass at these head dims, refused if a knob lies outside the tunable space
+    (or is missing: every bucket holds every knob but those of one pass, PASS_KNOBS)."""
     name = bucket(pass_, head_dim_qk, head_dim_v)
     cfg = TUNED_TABLE[name]
-    for knob, allowed in TUNABLE_SPACE.items():
-        if cfg.get(knob) not in allowed:
-            raise ValueError(f"tuned table {name}: {knob}={cfg.get(knob)} is outside the tunable space {allowed}")
-    return AttentionConfig(**{knob: cfg[knob] for knob in TUNABLE_SPACE})
+    knobs = [knob for knob in TUNABLE_SPACE if PASS_KNOBS.get(knob, pass_) == pass_]
+    for knob in knobs:
+        if cfg.get(knob) not in TUNABLE_SPACE[knob]:
+            raise ValueError(f"tuned table {name}: {knob}={cfg.get(knob)} is outside the tunable space "
+                             f"{TUNABLE_SPACE[knob]}")
+    return AttentionConfig(**{knob: cfg[knob] for knob in knobs})
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
@@ -89,10 +99,13 @@ def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether a config's tiles fit a Hopper SM's shared memory (the search skips the rest), estimated as a
-    query and a key tile per pipeline stage plus one more of each for the tiles a program keeps (q, or k
-    and v), each as wide as the bucket's head dim, of ELEMENT_BYTES (2 unless the bucket says: fp8, 1). Triton 3.6's allocation for the table's
-    d128 / d256 configs (sm_90, compiled without a GPU): 112-160 KiB, under this estimate; a config past
-    the real limit fails to compile, and its round fails with it."""
+    """Whether the GPU can run a config well (the search skips the rest): its tiles fit a Hopper SM's
+    shared memory, estimated as a query and a key tile per pipeline stage plus one more of each for the
+    tiles a program keeps (q, or k and v), each as wide as the bucket's head dim, of ELEMENT_BYTES (2
+    unless the bucket says: fp8, 1); and DQ_ATOMIC has query blocks of 64 rows or more. Triton 3.6's
+    allocation for the table's d128 / d256 configs (sm_90, compiled without a GPU): 112-160 KiB, under
+    this estimate; a config past the real limit fails to compile, and its round fails with it."""
     tiles = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * (cfg["num_stages"] + 1)
+    if cfg.get("DQ_ATOMIC") and cfg["BLOCK_M"] < 64:
+        return False  # dQ = dS K of 32 query rows is too short for wgmma: Triton falls back to mma.sync
     return tiles * cfg["HEAD_DIM"] * cfg.get("ELEMENT_BYTES", 2) <= SHARED_MEMORY_BYTES
