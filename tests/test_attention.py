@@ -171,6 +171,35 @@ def test_tile_streams_through_tensor_descriptors(device, half_dtype, monkeypatch
     assert taken == [False, False, False, False, False, True]
 
 
+def test_tma_views_of_each_layout_or_none(device, half_dtype):
+    """`_tma_view`: [rows, heads x head dim] over dense, packed and fused-QKV layouts; a [batch x heads x
+    head dim, keys] view of a sequence-major tensor; None where TMA cannot read the tiles."""
+    view = kernel_module._tma_view
+    q, k, _, _ = make(2, 40, 48, 4, 2, 64, 64, half_dtype, device)
+    shape = dense_shape(q, k, k)
+    dense = view(q, shape, 64, 32)
+    assert (dense.shape, dense.strides, dense.block_shape) == ([80, 256], [256, 1], [32, 64])
+    qkv = torch.empty(2, 40, 8, 64, device=device, dtype=half_dtype)
+    assert view(qkv[:, :, :4], shape, 64, 32).strides == [512, 1]  # rows strided by all of QKV's heads
+    seq_major = q.transpose(1, 3).contiguous().transpose(1, 3)  # [B, S, H, D] over [B, D, H, S] memory
+    assert view(q.transpose(1, 2).contiguous().transpose(1, 2), shape, 64, 32) is None  # heads outermost
+    assert view(seq_major, shape, 64, 32) is None
+    offset = torch.empty(q.numel() + 1, device=device, dtype=half_dtype)[1:].view(q.shape)  # base 2 bytes off
+    assert view(offset, shape, 64, 32) is None
+    mla = torch.empty(2, 40, 4, 192, device=device, dtype=half_dtype)
+    assert view(mla, dense_shape(mla, mla, mla), 192, 32) is None  # padding columns
+    v8 = kernel_module.quantize_per_head(k, sequence_major=True)[0]
+    fp8 = view(v8, dense_shape(v8, v8, v8), 64, 32, sequence_major=True)
+    assert (fp8.shape, fp8.strides, fp8.block_shape) == ([2 * 2 * 64, 48], [48, 1], [64, 32])
+    odd = kernel_module.quantize_per_head(k[:, :37], sequence_major=True)[0]  # 37-byte rows
+    assert view(odd, dense_shape(odd, odd, odd), 64, 32, sequence_major=True) is None
+    lens = (0, 1, 47)
+    pq, pk, _, _, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
+    assert view(pq, packed_shape(pq, pk, pk, cu, cu, 47, 47), 64, 32).shape == [48, 256]
+    pv8 = kernel_module.quantize_per_head(pk, cu, sequence_major=True)[0]
+    assert view(pv8, packed_shape(pv8, pv8, pv8, cu, cu, 47, 47), 64, 32, sequence_major=True) is None
+
+
 def test_dq_added_atomically_by_the_dkdv_pass(device, half_dtype, monkeypatch):
     """With DQ_ATOMIC in the dK/dV buckets, that pass adds dQ into fp32 and the dQ pass never runs: GQA
     causal, a window with Sq != Sk, queries that see no key, MLA's padded head dim, packed sequences with
