@@ -113,12 +113,7 @@ def test_other_tilings_of_the_search_space(tiles, device, half_dtype, monkeypatc
         monkeypatch.setitem(TUNED_TABLE, name, TUNED_TABLE[name] | {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
     q, k, v, g = make(1, 70, 99, 4, 2, 64, 64, half_dtype, device)
     assert_close(autograd_run(q, k, v, g, causal=True, window=40), reference(q, k, v, g, True, 40), half_dtype)
-    lens = (0, 1, 45, 20)
-    q, k, v, g, cu, _ = packed(lens, lens, 2, 1, 64, 64, half_dtype, device)
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = attention_varlen(q, k, v, cu, cu, 45, 45, causal=True)
-    out.backward(g)
-    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+    assert_packed_causal_step((0, 1, 45, 20), 2, 1, 45, device, half_dtype)
 
 
 def tma_everywhere(monkeypatch) -> list[bool]:
@@ -154,12 +149,7 @@ def test_tile_streams_through_tensor_descriptors(device, half_dtype, monkeypatch
     qkv = torch.randn(2, 67, 8, 64, device=device, dtype=half_dtype)
     q, k, v, g = qkv[:, :, :4], qkv[:, :, 4:6], qkv[:, :, 6:], torch.randn_like(qkv[:, :, :4])
     assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
-    lens = (0, 1, 70, 29, 130)
-    q, k, v, g, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = attention_varlen(q, k, v, cu, cu, 170, 137, causal=True)
-    out.backward(g)
-    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+    assert_packed_causal_step((0, 1, 70, 29, 130), 4, 2, 170, device, half_dtype)
     assert len(taken) == 5 * 3 and all(taken)
     taken.clear()
     q, k, v, g = make(1, 40, 40, 2, 1, 192, 128, half_dtype, device)
@@ -215,12 +205,7 @@ def test_dq_added_atomically_by_the_dkdv_pass(device, half_dtype, monkeypatch):
         q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
         assert_close(autograd_run(q, k, v, g, causal=causal, window=window),
                      reference(q, k, v, g, causal, window), half_dtype)
-    lens = (0, 1, 70, 29, 130)
-    q, k, v, g, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = attention_varlen(q, k, v, cu, cu, 130, 130, causal=True)
-    out.backward(g)
-    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), half_dtype)
+    assert_packed_causal_step((0, 1, 70, 29, 130), 4, 2, 130, device, half_dtype)
     taken = tma_everywhere(monkeypatch)
     q, k, v, g = make(2, 150, 150, 4, 2, 64, 64, half_dtype, device)
     assert_close(autograd_run(q, k, v, g, causal=True), reference(q, k, v, g, True), half_dtype)
@@ -261,6 +246,16 @@ def packed_reference(q, k, v, g, lens_q, lens_k, causal, window):
                                                                        (g, q0, nq))), causal, window))
         q0, k0 = q0 + nq, k0 + nk
     return [torch.cat([p[i][0] for p in parts]) for i in range(4)]
+
+
+def assert_packed_causal_step(lens, heads_q, heads_kv, max_seqlen, device, dtype):
+    """A causal d64 forward and backward over packed sequences of these lengths, through autograd, against
+    each sequence alone in float64."""
+    q, k, v, g, cu, _ = packed(lens, lens, heads_q, heads_kv, 64, 64, dtype, device)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attention_varlen(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True)
+    out.backward(g)
+    assert_close((out, q.grad, k.grad, v.grad), packed_reference(q, k, v, g, lens, lens, True, None), dtype)
 
 
 # (lens_q, lens_k, Hq, Hkv, causal, window): empty and one-token sequences, a query-only and a key-only one.
