@@ -187,7 +187,9 @@ def test_cli_start_with_a_bad_manifest_exits_2(tmp_path, monkeypatch):
 def test_real_campaign_through_the_cli_in_a_clone(tmp_path):
     """The real thing, small: benches in subprocesses on the clone's own code, under the interpreter."""
     clone = clone_worktree(tmp_path / "clone")
-    result = subprocess.run(["turbo-opt", "start", "--op", "gemm", "--shapes", "smoke", "--max-iterations", "1",
+    shapes = tmp_path / "one.yaml"  # one odd shape: each of the campaign's benches costs a quarter of smoke's four
+    shapes.write_text("- {label: odd-97x75x61, B: 1, M: 97, N: 75, K: 61}\n")
+    result = subprocess.run(["turbo-opt", "start", "--op", "gemm", "--shapes", str(shapes), "--max-iterations", "1",
                              "--name", "ci", "--repeats", "1"], cwd=clone, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run = clone / "campaigns" / "runs" / "ci"
