@@ -89,8 +89,8 @@ def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, in
 
 def compile_backward(pass_: str, head_dim: int, tma: bool, dq_atomic: bool = False) -> dict[str, int]:
     """The causal dense bf16 backward pass (`bwd_kv` or `bwd_q`) as `backward_into` launches it with the
-    table's config; `dq_atomic`: the dK/dV pass adding dQ into fp32 (its atomics counted), with query
-    blocks of 64 rows and 2 stages (`fits` wants 64 rows or more)."""
+    table's config; `dq_atomic`: the dK/dV pass adding dQ into fp32 (its atomic adds counted, or with
+    `tma` its TMA reductions), with query blocks of 64 rows and 2 stages (`fits` wants 64 or more)."""
     cfg = config_for(pass_, head_dim, head_dim)
     if dq_atomic:
         cfg = dataclasses.replace(cfg, BLOCK_M=64, num_stages=2, DQ_ATOMIC=1)
@@ -101,14 +101,16 @@ def compile_backward(pass_: str, head_dim: int, tma: bool, dq_atomic: bool = Fal
         "qk_scale": "fp32", "sm_scale": "fp32"}
     if tma:
         types |= {name: f"tensordesc<bf16[{rows}, {head_dim}]>" for name, rows in tiles.items()}
+        types |= {"DQ_DESC": f"tensordesc<fp32[{cfg.BLOCK_M}, {head_dim}]>"} if dq_atomic else {}
     names = kernel.kernel.arg_names
     constants = {"HEAD_DIM_QK": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_DQK": head_dim, "BLOCK_DV": head_dim,
                  "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "VARLEN": False, "CAUSAL": True, "WINDOW": False,
                  "TMA": tma} | {name: 1 for name in names if name.startswith("stride_") and name.endswith("d")}
     if pass_ == "bwd_kv":
-        constants["DQ_ATOMIC"] = dq_atomic
+        constants |= {"DQ_ATOMIC": dq_atomic, "DQ_REDUCE": tma and dq_atomic}
     ptx = _ptx(kernel, {k: v for k, v in types.items() if k in names}, constants, cfg.num_warps, cfg.num_stages)
-    atomics = {"atomic_adds": len(re.findall(r"(?:red|atom)\.global\S*\.add\.f32", ptx))}
+    atomics = {"atomic_adds": len(re.findall(r"(?:red|atom)\.global\S*\.add\.f32", ptx)),
+               "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
     return _instructions(ptx) | atomics | _ptxas_report(ptx)
 
 

@@ -26,9 +26,9 @@ Kernels:
 - `_bwd_dq_kernel`: one program per (query block, batch x q head) walks the key blocks. By default dQ
   gets this separate pass instead of atomic adds from the dK/dV pass: it recomputes P and dP (7 block
   matmuls per step instead of 5), but needs no fp32 dQ scratch to zero and convert, and the result is
-  deterministic, bit for bit, run to run. The dK/dV buckets' DQ_ATOMIC knob takes the other road
-  (FlashAttention-2's): the dK/dV pass adds each key block's dS K into a zeroed fp32 dQ with relaxed
-  atomic adds, and this pass does not run.
+  deterministic, bit for bit, run to run. The dK/dV buckets' DQ_ATOMIC knob takes the other road: the
+  dK/dV pass adds each key block's dS K into a zeroed fp32 dQ (relaxed atomic adds, or with TMA whole
+  tiles by TMA reductions, as FlashAttention-3 does), and this pass does not run.
 Every loop over blocks is split in three: masked blocks left of the fully visible ones (window
 edge), the fully visible ones without any mask arithmetic, and masked blocks right of them (causal
 diagonal, sequence end). Head dims that are no power of two (MLA's 192) run padded to the next one
@@ -37,8 +37,9 @@ with masked loads.
 Each pass streams tiles of one side (the forward and dQ key blocks of k and v, dK/dV query blocks of q
 and dO) by pointers or, with the tuned table's TMA knob, through tensor descriptors of the tensors'
 [rows, heads x head dim] views (`_tma_view`: a tile is rows x one head's columns). TMA needs no
-address registers: compiled for sm_90a (tests/hopper_compile.py) the d128 forward drops from 255
-registers and 12 bytes spilled to 157 and none, dQ from 182 bytes spilled to 4, dK/dV from 1316 to 684.
+address registers: compiled for sm_90a by Triton 3.6 (tests/hopper_compile.py) the d128 forward drops
+from 255 registers and 32 bytes spilled to 146 and none, dQ from 186 bytes spilled to 12, dK/dV from
+1360 to 300.
 A descriptor knows only the tensor's bounds: rows past a sequence's end are the next sequence's, which
 the masks zero (forward, dQ: scores of keys past the end; dK/dV: probabilities of queries past it).
 Tensors without such a view (MLA's padded head dim, heads outside the rows) stay on pointers.
@@ -55,7 +56,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.attention.tuning import AttentionConfig, config_for
-from kernels.common.device import cdiv
+from kernels.common.device import cdiv, interpreter_mode
 from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, FP8_MAX, to_fp8_range
 from kernels.common.launch import fast_launch
 from kernels.common.tma import bind_context
@@ -364,16 +365,18 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, q_col, do_col, lse_ptrs, delta_ptrs, stride_qm, stride_dom,
-                   dq_ptrs, stride_dqm, sm_scale,
+                   dq_dst, stride_dqm, sm_scale,
                    offs_m, offs_n, offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
                    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr,
-                   BLOCK_DV: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                   BLOCK_DV: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr, DQ_REDUCE: tl.constexpr):
     """dV += P^T dO and dK += dS^T Q over query blocks lo..hi, computed transposed ([keys, queries]) so
     that the key block's rows stay the accumulators' rows. q and dO come through `_rows` (as k and v in
     `_fwd_blocks`: rows from q_row0 + m0, the q head's columns from q_col and do_col).
-    DQ_ATOMIC: also dQ += dS K * sm_scale, added atomically into the fp32 rows at dq_ptrs (the key
-    block's share; the key rows past the sequence's end are 0 and add nothing)."""
+    DQ_ATOMIC: also dQ += dS K * sm_scale, the key block's share, added atomically into fp32 (the key
+    rows past the sequence's end are 0 and add nothing): by TMA reductions of whole tiles through the
+    descriptor dq_dst at (q_row0 + m0, q_col) (DQ_REDUCE; the rows past a sequence's end add exact
+    zeros to the next one's), else by atomic adds at the pointers dq_dst."""
     for m0 in range(lo, hi, BLOCK_M):
         rows = m0 + offs_m
         row_ok = rows < seqlen_q
@@ -396,18 +399,20 @@ def _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, q_col, do_col, lse_ptrs,
         dk = tl.dot(ds_t, q, dk)
         if DQ_ATOMIC:
             dq = tl.dot(tl.trans(ds_t), k) * sm_scale
-            if MASKED or BLOCK_DQK != HEAD_DIM_QK:
+            if DQ_REDUCE:
+                dq_dst.atomic_add([q_row0 + m0, q_col], dq)
+            elif MASKED or BLOCK_DQK != HEAD_DIM_QK:
                 dq_mask = row_ok[:, None] & (offs_dqk < HEAD_DIM_QK)[None, :]
-                tl.atomic_add(dq_ptrs + m0 * stride_dqm, dq, mask=dq_mask, sem="relaxed")
+                tl.atomic_add(dq_dst + m0 * stride_dqm, dq, mask=dq_mask, sem="relaxed")
             else:
-                tl.atomic_add(dq_ptrs + m0 * stride_dqm, dq, sem="relaxed")
+                tl.atomic_add(dq_dst + m0 * stride_dqm, dq, sem="relaxed")
     return dk, dv
 
 
 @fast_launch
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, cu_seqlens_q, cu_seqlens_k, Q_DESC, DO_DESC,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, cu_seqlens_q, cu_seqlens_k, Q_DESC, DO_DESC, DQ_DESC,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -420,10 +425,12 @@ def _bwd_dkdv_kernel(
     HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
 ):
     """TMA: the query blocks' q and dO tiles are read through Q_DESC and DO_DESC (see `_fwd_kernel`).
     DQ_ATOMIC: dQ too, added into DQ_ACC (fp32, zeroed, laid out as q; strides stride_aq*), so that no
-    dQ pass has to recompute P and dP."""
+    dQ pass has to recompute P and dP; DQ_REDUCE (with TMA, on a GPU: the interpreter has no TMA
+    reductions): through DQ_DESC, its [rows, heads x head dim] descriptor, instead of pointers."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads_kv
@@ -465,23 +472,26 @@ def _bwd_dkdv_kernel(
             do_src = DO + bq * stride_gb + h * stride_gh + q_rows[:, None] * stride_gs + offs_dv[None, :] * stride_gd
         lse_ptrs = LSE + bq * stride_lb + h * stride_lh + q_rows
         delta_ptrs = DELTA + bq * stride_lb + h * stride_lh + q_rows
-        dq_ptrs = (DQ_ACC + bq * stride_aqb + h * stride_aqh + q_rows[:, None] * stride_aqs
-                   + offs_dqk[None, :] * stride_aqd)
+        if DQ_REDUCE:
+            dq_dst = DQ_DESC
+        else:
+            dq_dst = (DQ_ACC + bq * stride_aqb + h * stride_aqh + q_rows[:, None] * stride_aqs
+                      + offs_dqk[None, :] * stride_aqd)
         dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
-                                delta_ptrs, stride_qs, stride_gs, dq_ptrs, stride_aqs, sm_scale,
+                                delta_ptrs, stride_qs, stride_gs, dq_dst, stride_aqs, sm_scale,
                                 offs_m, offs_n, offs_dqk, offs_dv, lo, full_lo, seqlen_q, seqlen_k, diag, window,
                                 qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
-                                TMA, DQ_ATOMIC)
+                                TMA, DQ_ATOMIC, DQ_REDUCE)
         dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
-                                delta_ptrs, stride_qs, stride_gs, dq_ptrs, stride_aqs, sm_scale,
+                                delta_ptrs, stride_qs, stride_gs, dq_dst, stride_aqs, sm_scale,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window,
                                 qk_scale, False, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
-                                TMA, DQ_ATOMIC)
+                                TMA, DQ_ATOMIC, DQ_REDUCE)
         dk, dv = _bwd_kv_blocks(dk, dv, k, v, q_src, do_src, q_row0, h * HEAD_DIM_QK, h * HEAD_DIM_V, lse_ptrs,
-                                delta_ptrs, stride_qs, stride_gs, dq_ptrs, stride_aqs, sm_scale,
+                                delta_ptrs, stride_qs, stride_gs, dq_dst, stride_aqs, sm_scale,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window,
                                 qk_scale, True, CAUSAL, WINDOW, BLOCK_M, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV,
-                                TMA, DQ_ATOMIC)
+                                TMA, DQ_ATOMIC, DQ_REDUCE)
 
     _store_tile(DK + bq * stride_dkb + kvh * stride_dkh + k_rows[:, None] * stride_dks + offs_dqk[None, :] * stride_dkd,
                 dk * sm_scale, key_ok, offs_dqk, HEAD_DIM_QK, BLOCK_DQK)
@@ -824,10 +834,13 @@ def backward_into(
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
     if grid[0] * grid[1] > 0:
         tma, views = _tma_views(cfg, shape, ((q, True, cfg.BLOCK_M), (grad_out, False, cfg.BLOCK_M)))
+        dq_view = _tma_view(dq_acc, shape, shape.head_dim_qk, cfg.BLOCK_M) if tma and cfg.DQ_ATOMIC else None
+        reduce = dq_view is not None and not interpreter_mode()
         _bwd_dkdv_kernel[grid](
-            *tensors, dk, dv, dq_acc, cu_q, cu_k, *views, *strides, *_strides(dk, shape), *_strides(dv, shape),
-            *_strides(dq_acc, shape), *_lse_strides(lse, shape), shape.heads_kv, shape.group, *scalars, **common,
-            **_launch(cfg), TMA=tma, DQ_ATOMIC=bool(cfg.DQ_ATOMIC),
+            *tensors, dk, dv, dq_acc, cu_q, cu_k, *views, dq_view if reduce else dq_acc, *strides,
+            *_strides(dk, shape), *_strides(dv, shape), *_strides(dq_acc, shape), *_lse_strides(lse, shape),
+            shape.heads_kv, shape.group, *scalars, **common, **_launch(cfg), TMA=tma, DQ_ATOMIC=bool(cfg.DQ_ATOMIC),
+            DQ_REDUCE=reduce,
         )
     if cfg.DQ_ATOMIC:
         dq.copy_(dq_acc)

@@ -17,8 +17,9 @@ the transpose for dQ; smaller tiles and fewer stages at d256, where registers an
 The FP8 forward (not yet timed on a GPU) starts from the tiles that compile for sm_90a with the fewest
 register spills (Triton 3.9, ptxas of CUDA 13.4, 2026-11-24: d64 128x128 none; d128 128x64 116 bytes
 against 1540 at 128x128; d256 128x32 728 against 1176 at 64x64); the bf16 table's own configs spill
-12 (d128) to 756 (d256) bytes there. TMA starts off everywhere: with it on, the d128 passes compile to
-fewer registers and spills (kernel.py), but it has not been timed on a GPU (scripts/gpu_attention_tma.sh).
+12 (d128) to 756 (d256) bytes there. TMA and DQ_ATOMIC start off everywhere: with TMA on, the d128
+passes compile to fewer registers and spills (kernel.py), but neither has been timed on a GPU
+(scripts/gpu_attention_tma.sh).
 """
 
 from __future__ import annotations
