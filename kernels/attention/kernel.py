@@ -726,7 +726,7 @@ def _cu(shape: AttentionShape, q: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def _tma_view(t: torch.Tensor, shape: AttentionShape, head_dim: int, block_rows: int,
               sequence_major: bool = False) -> TensorDescriptor | None:
-    """A descriptor of q, k, v or dO as [rows, heads x head dim] (rows: batch x sequence, or the packed
+    """A descriptor of q, k, v, dO or the fp32 dQ as [rows, heads x head dim] (rows: batch x sequence, or the packed
     rows) with a [block_rows, head dim] box, when TMA can read it that way: a power-of-two head dim (no
     padding columns to mask), the head dim contiguous and the heads next to each other, dense batches
     one after the other at the row stride, a 16-byte aligned base and row stride. Else None.
@@ -761,11 +761,15 @@ def _tma_views(cfg: AttentionConfig, shape: AttentionShape, reads: tuple[tuple[t
     """(TMA, the kernel's descriptor arguments) for the tensors a kernel reads by tiles, each given as
     (tensor, whether it has the q/k head dim (else v's), the tile's rows), the last one sequence-major
     if `sequence_major_last`: descriptors when the config asks for TMA and every one of them admits it
-    (`_tma_view`), else the tensors themselves (unused)."""
+    (`_tma_view`), else the tensors themselves (unused). Without TMA no descriptor is built: this runs
+    on every launch."""
+    tensors = tuple(t for t, _, _ in reads)
+    if not cfg.TMA:
+        return False, tensors
     views = [_tma_view(t, shape, shape.head_dim_qk if qk else shape.head_dim_v, rows,
                        sequence_major_last and i == len(reads) - 1) for i, (t, qk, rows) in enumerate(reads)]
-    if not cfg.TMA or None in views:
-        return False, tuple(t for t, _, _ in reads)
+    if None in views:
+        return False, tensors
     bind_context(reads[0][0].device)
     return True, tuple(views)
 
@@ -834,8 +838,10 @@ def backward_into(
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
     if grid[0] * grid[1] > 0:
         tma, views = _tma_views(cfg, shape, ((q, True, cfg.BLOCK_M), (grad_out, False, cfg.BLOCK_M)))
-        dq_view = _tma_view(dq_acc, shape, shape.head_dim_qk, cfg.BLOCK_M) if tma and cfg.DQ_ATOMIC else None
-        reduce = dq_view is not None and not interpreter_mode()
+        # TMA reductions of dQ's tiles: GPU only (the interpreter has none; there the atomic adds run).
+        reduce_dq = tma and cfg.DQ_ATOMIC and not interpreter_mode()
+        dq_view = _tma_view(dq_acc, shape, shape.head_dim_qk, cfg.BLOCK_M) if reduce_dq else None
+        reduce = dq_view is not None
         _bwd_dkdv_kernel[grid](
             *tensors, dk, dv, dq_acc, cu_q, cu_k, *views, dq_view if reduce else dq_acc, *strides,
             *_strides(dk, shape), *_strides(dv, shape), *_strides(dq_acc, shape), *_lse_strides(lse, shape),
