@@ -26,8 +26,10 @@ class Learned:
     new_tips: list[Tip]
 
 
-def _key(tip: Tip) -> tuple[str | None, str]:
-    return tip.campaign, tip.evidence
+def _key(tip: Tip) -> tuple[str | None, str, str]:
+    # The change too: a campaign started again under a name whose run directory was removed writes the
+    # same round paths for other experiments.
+    return tip.campaign, tip.evidence, tip.summary
 
 
 def _finding(tip: Tip, metric: str) -> str:

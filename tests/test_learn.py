@@ -56,6 +56,19 @@ def test_learn_merges_verified_tips_and_the_next_campaign_reads_them(tmp_path, m
     assert "Tips of this op, device and variant" in request and "small GROUP_M 8 -> 4" in request
 
 
+def test_learn_takes_a_campaign_started_again_under_the_same_name(tmp_path):
+    root = clone_worktree(tmp_path / "clone")
+    campaign = finished(root, "again")
+    assert len(learn(root, "again").new_tips) == 4
+    # Its run directory removed and the campaign started again: the same round paths, other changes.
+    tips_path = campaign.run_dir / "tips.yaml"
+    rerun = yaml.safe_load(tips_path.read_text())
+    rerun["tips"][0]["summary"] = "small num_warps 4 -> 8"
+    tips_path.write_text(yaml.safe_dump(rerun))
+    assert [t.summary for t in learn(root, "again").new_tips] == ["small num_warps 4 -> 8"]
+    assert learn(root, "again").new_tips == []
+
+
 def test_learn_refuses_a_campaign_whose_gains_did_not_reproduce(tmp_path):
     root = clone_worktree(tmp_path / "clone")
     campaign = finished(root, "lucky", final_slowdown=0.8)
