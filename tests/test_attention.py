@@ -139,6 +139,9 @@ def test_tile_streams_through_tensor_descriptors(device, half_dtype, monkeypatch
     the tensor's): GQA causal, a window with Sq != Sk, unequal q/k and v head dims, a fused QKV's head
     slices, and packed sequences with empty and one-token ones; MLA's 192 (padding columns) and a
     transposed layout fall back to pointers in the passes that stream them. All against float64."""
+    for name in TUNED_TABLE:
+        if name.startswith("bwd_kv"):  # every pass runs: dQ in its own (atomic dQ with TMA has its own test)
+            monkeypatch.setitem(TUNED_TABLE, name, TUNED_TABLE[name] | {"DQ_ATOMIC": 0})
     taken = tma_everywhere(monkeypatch)
     for B, Sq, Sk, Hq, Hkv, D, Dv, causal, window in [(2, 150, 150, 4, 2, 64, 64, True, None),
                                                        (1, 60, 130, 2, 2, 64, 64, True, 100),
@@ -222,11 +225,31 @@ def test_softmax_scale_and_fully_masked_rows(device, half_dtype):
     assert torch.isfinite(lse[..., 15:]).all() and torch.equal(got[1][:, :15], torch.zeros_like(got[1][:, :15]))
 
 
-def test_backward_is_deterministic(device, half_dtype):
-    """dQ has its own pass and dK/dV sum a kv head's q heads in registers: no atomics, the same bits twice."""
+class CountedLaunches:
+    """A kernel whose launches (`kernel[grid](...)`) are counted."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+def test_deterministic_backward_runs_the_dq_pass(device, half_dtype, monkeypatch):
+    """deterministic=True: the same bits twice, with dQ from its own pass even where the table adds it
+    atomically (DQ_ATOMIC: on a GPU the order of the fp32 adds varies run to run); dK/dV sum a kv head's
+    q heads in registers, no atomics either way."""
+    for name in TUNED_TABLE:
+        if name.startswith("bwd_kv"):
+            monkeypatch.setitem(TUNED_TABLE, name, TUNED_TABLE[name] | {"DQ_ATOMIC": 1})
+    dq_pass = CountedLaunches(kernel_module._bwd_dq_kernel)
+    monkeypatch.setattr(kernel_module, "_bwd_dq_kernel", dq_pass)
     q, k, v, g = make(1, 90, 90, 4, 1, 64, 64, half_dtype, device)
-    first, second = (autograd_run(q, k, v, g, causal=True) for _ in range(2))
+    first, second = (autograd_run(q, k, v, g, causal=True, deterministic=True) for _ in range(2))
+    assert dq_pass.launches == 2
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert_close(first, reference(q, k, v, g, True), half_dtype)
 
 
 def packed(lens_q, lens_k, Hq, Hkv, D, Dv, dtype, device, seed=1):

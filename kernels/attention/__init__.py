@@ -182,8 +182,10 @@ def attention_backward(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     shape: AttentionShape, causal: bool = False, softmax_scale: float | None = None, window: int | None = None,
     dq: torch.Tensor | None = None, dk: torch.Tensor | None = None, dv: torch.Tensor | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward without autograd, from the forward's out and LSE, into dq, dk, dv when given."""
+    """The backward without autograd, from the forward's out and LSE, into dq, dk, dv when given.
+    `deterministic` as in `attention`."""
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
     _check_high_precision(q, "attention_backward")
     _check_buffer("out", out, shape.out_shape(q.shape[0]), q.dtype, q.device, also=torch.float32)
@@ -195,7 +197,7 @@ def attention_backward(
             buf = torch.empty_like(like)
         _check_buffer(name, buf, tuple(like.shape), like.dtype, like.device)
         grads.append(buf)
-    backward_into(grad_out, q, k, v, out, lse, *grads, shape, causal, scale, window)
+    backward_into(grad_out, q, k, v, out, lse, *grads, shape, causal, scale, window, deterministic)
     return grads[0], grads[1], grads[2]
 
 
@@ -220,30 +222,32 @@ def quantize_heads(
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
-    window: int | None = None, fp8_forward: bool = False,
+    window: int | None = None, fp8_forward: bool = False, deterministic: bool = False,
 ) -> torch.Tensor:
     """softmax(q k^T * softmax_scale) v with autograd. q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv]
     (Hkv divides Hq); returns [B, Sq, Hq, Dv]. `fp8_forward`: the forward quantizes q, k and v to E4M3 (one
-    scale per sequence and head) and runs in FP8; the backward runs in q's dtype from the saved inputs."""
+    scale per sequence and head) and runs in FP8; the backward runs in q's dtype from the saved inputs.
+    `deterministic`: the backward gives the same bits run to run (flash-attn's flag): where the tuned table
+    adds dQ atomically (DQ_ATOMIC, faster at d64 on the H100), dQ gets its own pass instead."""
     shape = dense_shape(q, k, v)
     _check_high_precision(q, "attention")
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
-    return AttentionFunction.apply(q, k, v, shape, causal, scale, window, fp8_forward)
+    return AttentionFunction.apply(q, k, v, shape, causal, scale, window, fp8_forward, deterministic)
 
 
 def attention_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, max_seqlen_k: int, causal: bool = False, softmax_scale: float | None = None,
-    window: int | None = None, fp8_forward: bool = False,
+    window: int | None = None, fp8_forward: bool = False, deterministic: bool = False,
 ) -> torch.Tensor:
     """attention over packed sequences with autograd: q [total_q, Hq, D], k/v [total_k, Hkv, D];
     sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] (int32 on q's device, empty sequences allowed);
     max_seqlen_* are host ints, at least the longest sequence (they size the grid). Returns [total_q, Hq, Dv].
-    `fp8_forward` as in `attention`."""
+    `fp8_forward` and `deterministic` as in `attention`."""
     shape = packed_shape(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_high_precision(q, "attention_varlen")
     scale = _check_options(causal, softmax_scale, window, shape.head_dim_qk)
-    return AttentionFunction.apply(q, k, v, shape, causal, scale, window, fp8_forward)
+    return AttentionFunction.apply(q, k, v, shape, causal, scale, window, fp8_forward, deterministic)
 
 
 __all__ = [

@@ -28,7 +28,8 @@ Kernels:
   matmuls per step instead of 5), but needs no fp32 dQ scratch to zero and convert, and the result is
   deterministic, bit for bit, run to run. The dK/dV buckets' DQ_ATOMIC knob takes the other road: the
   dK/dV pass adds each key block's dS K into a zeroed fp32 dQ (relaxed atomic adds, or with TMA whole
-  tiles by TMA reductions, as FlashAttention-3 does), and this pass does not run.
+  tiles by TMA reductions, as FlashAttention-3 does), and this pass does not run. The order of those
+  adds varies run to run, and so do dQ's last bits: `deterministic=True` keeps the separate pass.
 Every loop over blocks is split in three: masked blocks left of the fully visible ones (window
 edge), the fully visible ones without any mask arithmetic, and masked blocks right of them (causal
 diagonal, sequence end). Head dims that are no power of two (MLA's 192) run padded to the next one
@@ -48,7 +49,7 @@ Tensors without such a view (MLA's padded head dim, heads outside the rows) stay
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -814,9 +815,10 @@ def forward_into(
 def backward_into(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-    shape: AttentionShape, causal: bool, scale: float, window: int | None,
+    shape: AttentionShape, causal: bool, scale: float, window: int | None, deterministic: bool = False,
 ) -> None:
-    """Write the gradients of q, k and v into dq, dk and dv (shaped like q, k, v)."""
+    """Write the gradients of q, k and v into dq, dk and dv (shaped like q, k, v). `deterministic`: dQ in
+    its own pass even where the dK/dV bucket adds it atomically (the same bits run to run)."""
     common = _common(shape, causal, window)
     cu_q, cu_k = _cu(shape, q)
     scalars = (shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E, scale)
@@ -833,6 +835,8 @@ def backward_into(
     strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
 
     cfg = config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
+    if deterministic:
+        cfg = replace(cfg, DQ_ATOMIC=0)
     # DQ_ATOMIC: the dK/dV pass adds dQ into fp32 (zeroed: every key block adds its share), and no dQ pass runs.
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if cfg.DQ_ATOMIC else dq
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
@@ -912,7 +916,7 @@ class AttentionFunction(torch.autograd.Function):
     bf16 one, on the saved high-precision inputs and the FP8 forward's out and LSE."""
 
     @staticmethod
-    def forward(ctx, q, k, v, shape, causal, scale, window, fp8_forward=False):
+    def forward(ctx, q, k, v, shape, causal, scale, window, fp8_forward=False, deterministic=False):
         out = q.new_empty(shape.out_shape(q.shape[0]))
         lse = torch.empty(shape.lse_shape(q.shape[0]), device=q.device, dtype=torch.float32)
         if fp8_forward:
@@ -921,7 +925,7 @@ class AttentionFunction(torch.autograd.Function):
         else:
             forward_into(q, k, v, out, lse, shape, causal, scale, window)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (shape, causal, scale, window)
+        ctx.args = (shape, causal, scale, window, deterministic)
         return out
 
     @staticmethod
@@ -929,4 +933,4 @@ class AttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         backward_into(grad_out.to(q.dtype), q, k, v, out, lse, dq, dk, dv, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None

@@ -11,15 +11,13 @@ matmuls per step of the backward instead of 7, at the cost of fp32 atomics and b
 bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
 they tell `fits` the bucket's head dim and operand width.
 
-Starting points (not yet measured here): the Triton fused-attention tutorial's Hopper choices:
-a 128x64 forward tile with 3 stages; narrow query blocks (32) against wide key blocks for dK/dV,
-the transpose for dQ; smaller tiles and fewer stages at d256, where registers and shared memory run out.
-The FP8 forward (not yet timed on a GPU) starts from the tiles that compile for sm_90a with the fewest
-register spills (Triton 3.9, ptxas of CUDA 13.4, 2026-11-24: d64 128x128 none; d128 128x64 116 bytes
-against 1540 at 128x128; d256 128x32 728 against 1176 at 64x64); the bf16 table's own configs spill
-12 (d128) to 756 (d256) bytes there. TMA and DQ_ATOMIC start off everywhere: with TMA on, the d128
-passes compile to fewer registers and spills (kernel.py), but neither has been timed on a GPU
-(scripts/gpu_attention_tma.sh).
+Starting points were the Triton fused-attention tutorial's Hopper choices (a 128x64 forward tile with 3
+stages; narrow query blocks against wide key blocks for dK/dV, the transpose for dQ; smaller tiles at
+d256) and, for the FP8 forward, the tiles that compile for sm_90a with the fewest register spills. Tuned
+on the H100 (2026-11-24, docs/performance.md "The attention table tuned on the H100"): dQ at d128 by the
+preset campaign (BLOCK_N 64, +5.2% step); the d256 forward and dQ (4 warps, TMA: +12.5%, +29.6%) and
+the d64 dK/dV pass (64x64, TMA, DQ_ATOMIC: +17.3%) by halving searches. TMA and DQ_ATOMIC stay off
+where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85-0.89x).
 """
 
 from __future__ import annotations
