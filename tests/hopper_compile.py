@@ -35,16 +35,23 @@ from kernels.common.fp8 import FORMAT_ARGS
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
-def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
-         num_stages: int = 3) -> str:
-    """The PTX of `kernel` with these argument types (its pointers 16-byte aligned) and constexprs, every
-    other argument an i32."""
+def _compiled(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
+              num_stages: int = 3):
+    """`kernel` compiled with these argument types and constexprs, every other argument an i32, as a launch
+    on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides that are no
+    constexpr divisible by 16 (without that, Triton cannot vectorize the loads and pipelines no stages)."""
     fn = kernel.kernel
     signature = dict.fromkeys(fn.arg_names, "i32") | types | dict.fromkeys(constants, "constexpr")
     index = fn.arg_names.index
+    aligned = [n for n, t in signature.items() if t.startswith("*") or (t == "i32" and n.startswith("stride_"))]
     source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
-                       attrs={(index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")})
-    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
+                       attrs={(index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
+         num_stages: int = 3) -> str:
+    return _compiled(kernel, types, constants, num_warps, num_stages).asm["ptx"]
 
 
 def _ptxas_report(ptx: str) -> dict[str, int]:
@@ -109,7 +116,7 @@ def compile_backward(pass_: str, head_dim: int, tma: bool, dq_atomic: bool = Fal
     if pass_ == "bwd_kv":
         constants |= {"DQ_ATOMIC": dq_atomic, "DQ_REDUCE": tma and dq_atomic}
     ptx = _ptx(kernel, {k: v for k, v in types.items() if k in names}, constants, cfg.num_warps, cfg.num_stages)
-    atomics = {"atomic_adds": len(re.findall(r"(?:red|atom)\.global\S*\.add\.f32", ptx)),
+    atomics = {"atomic_adds": len(re.findall(r"(?:red|atom)\.global\S*\.add(?:\.v\d)?\.f32", ptx)),
                "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
     return _instructions(ptx) | atomics | _ptxas_report(ptx)
 

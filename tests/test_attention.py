@@ -22,7 +22,16 @@ from kernels.attention import (
     packed_shape,
 )
 from kernels.attention import kernel as kernel_module
-from kernels.attention.tuning import FP8_VARIANT, PASSES, TUNED_TABLE, buckets_for, config_for, fits
+from kernels.attention.tuning import (
+    FP8_VARIANT,
+    PASSES,
+    TUNED_TABLE,
+    buckets_for,
+    config_for,
+    fits,
+    shared_memory_bytes,
+)
+from kernels.common.device import SHARED_MEMORY_BYTES
 from kernels.common.dtypes import dtype_name
 from tests.graph_replay import replay_and_eager
 
@@ -381,6 +390,32 @@ def assert_one_line_error(call, match: str) -> None:
     with pytest.raises(ValueError, match=match) as err:
         call()
     assert "\n" not in str(err.value) and str(err.value).startswith("attention: ")
+
+
+# (config, the shared memory Triton 3.6 allocates for it on sm_90a): static compiles of the launches'
+# specializations (tests/hopper_compile.py, with 16-divisible strides), and three that the H100 refused
+# (OutOfResources, 2026-11-24).
+FWD, BWD_KV = {"TMA": 0, "num_warps": 8}, {"TMA": 0, "num_warps": 8, "DQ_ATOMIC": 0}
+TRITON_3_6_SHARED_MEMORY = [
+    (FWD | {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "HEAD_DIM": 128}, 131072),
+    (BWD_KV | {"BLOCK_M": 32, "BLOCK_N": 128, "num_stages": 3, "HEAD_DIM": 128}, 115200),
+    (FWD | {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 3, "HEAD_DIM": 128}, 81920),  # dQ's tiles: as the forward's
+    (FWD | {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 1, "HEAD_DIM": 256}, 196608),
+    (FWD | {"BLOCK_M": 16, "BLOCK_N": 128, "num_stages": 5, "HEAD_DIM": 128}, 274432),
+    (FWD | {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 2, "HEAD_DIM": 256, "TMA": 1}, 295936),
+    # refused by the H100
+    (BWD_KV | {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 5, "HEAD_DIM": 128}, 278528),
+    (BWD_KV | {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 4, "HEAD_DIM": 128, "DQ_ATOMIC": 1}, 277504),
+    (BWD_KV | {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "HEAD_DIM": 256, "DQ_ATOMIC": 1, "TMA": 1}, 271360),
+]
+
+
+@pytest.mark.parametrize(("cfg", "allocated"), TRITON_3_6_SHARED_MEMORY)
+def test_the_shared_memory_estimate_bounds_what_triton_allocates(cfg, allocated):
+    """`fits` refuses a config by its shared memory: the estimate is never under Triton's allocation, so
+    no config the GPU refuses is tried, and within a stage of it, so few that run are refused."""
+    assert allocated <= shared_memory_bytes(cfg) <= allocated * 1.6
+    assert fits(cfg) == (allocated <= SHARED_MEMORY_BYTES)
 
 
 def test_tuned_table_lies_in_the_tunable_space_and_fits():

@@ -38,9 +38,10 @@ with masked loads.
 Each pass streams tiles of one side (the forward and dQ key blocks of k and v, dK/dV query blocks of q
 and dO) by pointers or, with the tuned table's TMA knob, through tensor descriptors of the tensors'
 [rows, heads x head dim] views (`_tma_view`: a tile is rows x one head's columns). TMA needs no
-address registers: compiled for sm_90a by Triton 3.6 (tests/hopper_compile.py) the d128 forward drops
-from 255 registers and 32 bytes spilled to 146 and none, dQ from 186 bytes spilled to 12, dK/dV from
-1360 to 300.
+address registers: compiled for sm_90a by Triton 3.6 as the launches specialize (tests/hopper_compile.py)
+the d128 forward takes 218 registers by pointers and 150 with TMA, neither spilling, and the H100 timed
+it a wash there; at d256, where the pointer passes spill 296-532 bytes, TMA cuts that to 0-112 and the
+searches chose it for the forward and dQ (docs/performance.md, "The attention table tuned on the H100").
 A descriptor knows only the tensor's bounds: rows past a sequence's end are the next sequence's, which
 the masks zero (forward, dQ: scores of keys past the end; dK/dV: probabilities of queries past it).
 Tensors without such a view (MLA's padded head dim, heads outside the rows) stay on pointers.

@@ -97,14 +97,25 @@ def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
     return {bucket(pass_, d, dv) for pass_ in passes}
 
 
+def shared_memory_bytes(cfg: Mapping[str, int]) -> int:
+    """An upper bound on the shared memory a pass's config takes: two tiles (q and dO in the dK/dV pass,
+    whose buckets alone hold DQ_ATOMIC; k and v in the forward and dQ) per pipeline stage, the two tiles
+    of the other side it keeps, each as wide as the bucket's head dim, of ELEMENT_BYTES (2 unless the bucket
+    says: fp8, 1); in the dK/dV pass each stage's fp32 LSE and delta of its query rows too, and with
+    DQ_ATOMIC a fp32 dQ tile; 8 KiB for the rest. Checked against the
+    allocations of Triton 3.6 (sm_90a, 200 configs compiled without a GPU, 2026-11-24): never under them;
+    over them by up to one stage (where Triton keeps stages - 1 buffers) or one kept tile (the forward keeps
+    q alone)."""
+    streamed, kept = (cfg["BLOCK_M"], cfg["BLOCK_N"]) if "DQ_ATOMIC" in cfg else (cfg["BLOCK_N"], cfg["BLOCK_M"])
+    rows = 2 * streamed * cfg["num_stages"] + 2 * kept
+    dq_tile = cfg["BLOCK_M"] * 4 if cfg.get("DQ_ATOMIC") else 0
+    row_statistics = 2 * 4 * cfg["BLOCK_M"] * cfg["num_stages"] if "DQ_ATOMIC" in cfg else 0
+    return (rows * cfg.get("ELEMENT_BYTES", 2) + dq_tile) * cfg["HEAD_DIM"] + row_statistics + 8192
+
+
 def fits(cfg: Mapping[str, int]) -> bool:
-    """Whether the GPU can run a config well (the search skips the rest): its tiles fit a Hopper SM's
-    shared memory, estimated as a query and a key tile per pipeline stage plus one more of each for the
-    tiles a program keeps (q, or k and v), each as wide as the bucket's head dim, of ELEMENT_BYTES (2
-    unless the bucket says: fp8, 1); and DQ_ATOMIC has query blocks of 64 rows or more. Triton 3.6's
-    allocation for the table's d128 / d256 configs (sm_90, compiled without a GPU): 112-160 KiB, under
-    this estimate; a config past the real limit fails to compile, and its round fails with it."""
-    tiles = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * (cfg["num_stages"] + 1)
+    """Whether the GPU can run a config well (the search skips the rest): it fits a Hopper SM's shared
+    memory (`shared_memory_bytes`), and DQ_ATOMIC has query blocks of 64 rows or more."""
     if cfg.get("DQ_ATOMIC") and cfg["BLOCK_M"] < 64:
         return False  # dQ = dS K of 32 query rows is too short for wgmma: Triton falls back to mma.sync
-    return tiles * cfg["HEAD_DIM"] * cfg.get("ELEMENT_BYTES", 2) <= SHARED_MEMORY_BYTES
+    return shared_memory_bytes(cfg) <= SHARED_MEMORY_BYTES
