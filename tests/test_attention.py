@@ -395,14 +395,16 @@ def assert_one_line_error(call, match: str) -> None:
 # (config, the shared memory Triton 3.6 allocates for it on sm_90a): static compiles of the launches'
 # specializations (tests/hopper_compile.py, with 16-divisible strides), and three that the H100 refused
 # (OutOfResources, 2026-11-24).
-FWD, BWD_KV = {"TMA": 0, "num_warps": 8}, {"TMA": 0, "num_warps": 8, "DQ_ATOMIC": 0}
+FWD = BWD_Q = {"TMA": 0, "num_warps": 8}  # both stream k and v
+BWD_KV = FWD | {"DQ_ATOMIC": 0}  # streams q and dO
 TRITON_3_6_SHARED_MEMORY = [
     (FWD | {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "HEAD_DIM": 128}, 131072),
-    (BWD_KV | {"BLOCK_M": 32, "BLOCK_N": 128, "num_stages": 3, "HEAD_DIM": 128}, 115200),
-    (FWD | {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 3, "HEAD_DIM": 128}, 81920),  # dQ's tiles: as the forward's
-    (FWD | {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 1, "HEAD_DIM": 256}, 196608),
-    (FWD | {"BLOCK_M": 16, "BLOCK_N": 128, "num_stages": 5, "HEAD_DIM": 128}, 274432),
+    (FWD | {"BLOCK_M": 128, "BLOCK_N": 32, "num_stages": 3, "HEAD_DIM": 128}, 81920),
+    (FWD | {"BLOCK_M": 16, "BLOCK_N": 128, "num_stages": 5, "HEAD_DIM": 128}, 270336),
     (FWD | {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 2, "HEAD_DIM": 256, "TMA": 1}, 295936),
+    (BWD_KV | {"BLOCK_M": 32, "BLOCK_N": 128, "num_stages": 3, "HEAD_DIM": 128}, 115200),
+    (BWD_Q | {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 1, "HEAD_DIM": 256}, 196608),
+    (BWD_Q | {"BLOCK_M": 16, "BLOCK_N": 128, "num_stages": 5, "HEAD_DIM": 128}, 274432),
     # refused by the H100
     (BWD_KV | {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 5, "HEAD_DIM": 128}, 278528),
     (BWD_KV | {"BLOCK_M": 128, "BLOCK_N": 16, "num_stages": 4, "HEAD_DIM": 128, "DQ_ATOMIC": 1}, 277504),
@@ -413,7 +415,8 @@ TRITON_3_6_SHARED_MEMORY = [
 @pytest.mark.parametrize(("cfg", "allocated"), TRITON_3_6_SHARED_MEMORY)
 def test_the_shared_memory_estimate_bounds_what_triton_allocates(cfg, allocated):
     """`fits` refuses a config by its shared memory: the estimate is never under Triton's allocation, so
-    no config the GPU refuses is tried, and within a stage of it, so few that run are refused."""
+    no config the GPU refuses is tried, and at most 1.6x it (one stage or kept tile too many), so few that
+    run are refused."""
     assert allocated <= shared_memory_bytes(cfg) <= allocated * 1.6
     assert fits(cfg) == (allocated <= SHARED_MEMORY_BYTES)
 
