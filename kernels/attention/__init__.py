@@ -6,6 +6,7 @@ sliding window; bf16/fp16, fp32 accumulation.
     out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)   # q [total_q, Hq, D]
     out.backward(grad_out)
     out = attention(q, k, v, causal=True, fp8_forward=True)   # the forward in FP8 (E4M3), the backward bf16
+    out = attention(q, k, v, causal=True, deterministic=True)  # the same bits run to run
 
     q8, q_scale = quantize_heads(q)                  # E4M3 with one scale per sequence and head
     k8, k_scale = quantize_heads(k)
