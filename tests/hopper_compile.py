@@ -35,10 +35,10 @@ from kernels.common.fp8 import FORMAT_ARGS
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
-def _compiled(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
-              num_stages: int = 3):
-    """`kernel` compiled with these argument types and constexprs, every other argument an i32, as a launch
-    on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides that are no
+def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
+         num_stages: int = 3) -> str:
+    """The PTX of `kernel` with these argument types and constexprs, every other argument an i32, as a
+    launch on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides that are no
     constexpr divisible by 16 (without that, Triton cannot vectorize the loads and pipelines no stages)."""
     fn = kernel.kernel
     signature = dict.fromkeys(fn.arg_names, "i32") | types | dict.fromkeys(constants, "constexpr")
@@ -46,12 +46,7 @@ def _compiled(kernel, types: dict[str, str], constants: dict[str, object], num_w
     aligned = [n for n, t in signature.items() if t.startswith("*") or (t == "i32" and n.startswith("stride_"))]
     source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
                        attrs={(index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
-
-
-def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
-         num_stages: int = 3) -> str:
-    return _compiled(kernel, types, constants, num_warps, num_stages).asm["ptx"]
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
 
 
 def _ptxas_report(ptx: str) -> dict[str, int]:

@@ -106,10 +106,11 @@ def shared_memory_bytes(cfg: Mapping[str, int]) -> int:
     allocations of Triton 3.6 (sm_90a, 200 configs compiled without a GPU, 2026-11-24): never under them;
     over them by up to one stage (where Triton keeps stages - 1 buffers) or one kept tile (the forward keeps
     q alone)."""
-    streamed, kept = (cfg["BLOCK_M"], cfg["BLOCK_N"]) if "DQ_ATOMIC" in cfg else (cfg["BLOCK_N"], cfg["BLOCK_M"])
+    dkdv_pass = "DQ_ATOMIC" in cfg
+    streamed, kept = (cfg["BLOCK_M"], cfg["BLOCK_N"]) if dkdv_pass else (cfg["BLOCK_N"], cfg["BLOCK_M"])
     rows = 2 * streamed * cfg["num_stages"] + 2 * kept
     dq_tile = cfg["BLOCK_M"] * 4 if cfg.get("DQ_ATOMIC") else 0
-    row_statistics = 2 * 4 * cfg["BLOCK_M"] * cfg["num_stages"] if "DQ_ATOMIC" in cfg else 0
+    row_statistics = 2 * 4 * cfg["BLOCK_M"] * cfg["num_stages"] if dkdv_pass else 0
     return (rows * cfg.get("ELEMENT_BYTES", 2) + dq_tile) * cfg["HEAD_DIM"] + row_statistics + 8192
 
 
