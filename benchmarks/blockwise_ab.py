@@ -1,11 +1,16 @@
-"""Blockwise FP8 GEMM alone: the warp-specialized Gluon kernel against the Triton kernel, interleaved.
+"""Blockwise FP8 GEMM alone: the warp-specialized Gluon kernel against the Triton kernels, interleaved.
 
-Both kernels run on the same quantized operands (1x128 activations, 128x128 weights) at the
-acceptance shapes: the dense 8192^3 (issue 6) and DeepSeek-V3 GateUP, 8 experts x 4096 tokens
-(N 4096, K 7168; issue 3). Each round times every variant once, back to back, so all see the same
-GPU state; the rounds' median is the sustained figure, their max what a cool GPU gives.
+The forward (`--pass fwd`): both kernels on the same quantized operands (1x128 activations, 128x128
+weights) at the acceptance shapes, the dense 8192^3 (issue 6) and DeepSeek-V3 GateUP, 8 experts x
+4096 tokens (N 4096, K 7168; issue 3). The wgrad (`--pass wgrad`, issue 15): the token reduction of
+both operands quantized 1x128 along the tokens, dense 8192^3 and DeepSeek-V3 GateUP's 32 experts at
+512 and 1024 tokens each, writing a fresh gradient and adding into a bf16 main_grad, against the
+Triton kernels under the tuned table's config and the same 128x128 tile. Each round times every
+variant once, back to back, so all see the same GPU state; the rounds' median is the sustained
+figure, their max what a cool GPU gives.
 
     python benchmarks/blockwise_ab.py --rounds 5 --csv blockwise_ab.csv
+    python benchmarks/blockwise_ab.py --pass wgrad --rounds 5 --csv blockwise_wgrad_ab.csv
 """
 
 from __future__ import annotations
@@ -20,13 +25,19 @@ from passes_report import report
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.timing import Timer
 from kernels.common import blockwise_ws
-from kernels.common.fp8 import Granularity, quantize_blocks_2d, quantize_rows
+from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.gemm.kernel import launch_tma
-from kernels.grouped_gemm.kernel import grouped_mm
+from kernels.gemm_fp8.kernel import scaled_mm
+from kernels.gemm_fp8.tuning import config_for as dense_config_for
+from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
+from kernels.grouped_gemm_fp8.tuning import config_for as grouped_config_for
 
 SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4096, 4096, 7168)}
+# (groups, tokens, P, Q): out [G, P, Q] = grad_out^T @ x over each group's tokens
+WGRAD_SHAPES = {"dense wgrad 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP wgrad 32x512": (32, 32 * 512, 4096, 7168),
+                "DSv3 GateUP wgrad 32x1024": (32, 32 * 1024, 4096, 7168)}
 TRITON_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)  # the Triton kernel's best (docs/performance.md)
 
 
@@ -53,25 +64,62 @@ def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[i
     return runs
 
 
+def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: list[int]) -> dict[str, Callable]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    offs = torch.arange(G + 1, device="cuda", dtype=torch.int64) * (T // G)
+    groups = RowGroups.tokens(offs) if G > 1 else RowGroups.equal(1, T)
+    quantized = [quantize_both(torch.randn(T, n, device="cuda", dtype=torch.bfloat16, generator=gen),
+                               torch.float8_e4m3fn, Granularity.BLOCKWISE, groups, rows=False) for n in (P, Q)]
+    (xt, sx), (yt, sy) = (q.cols_t for q in quantized)
+    padded = quantized[0].padded_offs
+    scales = Scales(sx, (sx.stride(1), sx.stride(0)), sy, (0, sy.stride(1), sy.stride(0)), per_k_block=True)
+    out = torch.zeros((G, P, Q) if G > 1 else (P, Q), device="cuda", dtype=torch.bfloat16)
+    if G > 1:
+        table = grouped_config_for("wgrad", T, G, Granularity.BLOCKWISE, (P, Q))
+        vark = VarKScales(sx, (0, *scales.a_strides), sy, scales.b_strides, per_k_block=True)
+        triton = {f"triton {c.BLOCK_M}x{c.BLOCK_N} w{c.num_warps} s{c.num_stages}": (
+            lambda acc, c=c: grouped_mm_vark(xt, yt, padded, out, c, vark, padded=True, accumulate=acc))
+            for c in (table, TRITON_CONFIG)}
+    else:  # the dense wgrad's path before the token reduction: the table's config, as scaled_mm picks it
+        table = dense_config_for("wgrad", P, Q, Granularity.BLOCKWISE)
+        triton = {f"triton {table.BLOCK_M}x{table.BLOCK_N} w{table.num_warps} s{table.num_stages}": (
+            lambda acc: scaled_mm(xt, yt, out, scales, "wgrad", Granularity.BLOCKWISE, acc))}
+    runs = {}
+    for accumulate in (False, True):
+        mode = "+=" if accumulate else "fresh"
+        runs |= {f"{name} {mode}": (lambda run=run, acc=accumulate: run(acc)) for name, run in triton.items()}
+        for s in stages:
+            for gm in group_ms:
+                cfg = TileConfig(128, 128, 128, gm, 8, s)
+                if not blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True):
+                    raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
+                runs[f"ws 128x128 s{s} GROUP_M {gm} {mode}"] = (
+                    lambda c=cfg, acc=accumulate: blockwise_ws.blockwise_token_mm(
+                        xt, yt, out, scales, c, padded if G > 1 else None, acc))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     parser.add_argument("--group-m", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--pass", dest="pass_name", choices=("fwd", "wgrad"), default="fwd")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
     timer = Timer(torch.device("cuda"), repeats=args.repeats, warmup=3)
     rows = []
-    for label, (G, M, N, K) in SHAPES.items():
-        runs = variants(G, M, N, K, args.stages, args.group_m)
+    shapes, make = (WGRAD_SHAPES, wgrad_variants) if args.pass_name == "wgrad" else (SHAPES, variants)
+    for label, (G, M, N, K) in shapes.items():
+        runs = make(G, M, N, K, args.stages, args.group_m)
         tflops: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():
                 tflops[name].append(2.0 * M * N * K / timer.time(run).median_ms / 1e9)
         rows += [{"label": label, "pass": name, "median_tflops": statistics.median(t), "max_tflops": max(t),
                   "min_tflops": min(t)} for name, t in tflops.items()]
-    report(rows, f"blockwise FP8 GEMM, {args.rounds} interleaved rounds",
+    report(rows, f"blockwise FP8 {args.pass_name}, {args.rounds} interleaved rounds",
            ("label", "pass", "median_tflops", "max_tflops", "min_tflops"), args.csv)
 
 

@@ -4,8 +4,9 @@ and both backward passes at d128 (dK/dV also adding dQ atomically), with their t
 pointers and through tensor descriptors (TMA, the tuned table's knob), what the PTX holds (wgmma
 instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback; TMA loads; atomics) and what
 ptxas reports (registers, bytes spilled), and the E4M3 conversions in the kernels that quantize q, k
-and v (dense, and packed into the sequence-major layout). Run with TRITON_INTERPRET=0
-(kernels/__init__ switches the interpreter on where no GPU is)."""
+and v (dense, and packed into the sequence-major layout); and for the warp-specialized blockwise FP8 GEMM
+(Gluon), M-grouped and as the wgrad's token reduction, whether ptxas serializes its wgmmas. Run with
+TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
 
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
@@ -30,6 +33,7 @@ from kernels.attention.kernel import (
     _head_cast_kernel,
 )
 from kernels.attention.tuning import config_for
+from kernels.common.blockwise_ws import _blockwise_ws_kernel
 from kernels.common.fp8 import FORMAT_ARGS
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -37,15 +41,17 @@ HOPPER = GPUTarget("cuda", 90, 32)
 
 def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
          num_stages: int = 3) -> str:
-    """The PTX of `kernel` with these argument types and constexprs, every other argument an i32, as a
-    launch on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides that are no
-    constexpr divisible by 16 (without that, Triton cannot vectorize the loads and pipelines no stages)."""
+    """The PTX of `kernel` (Triton or Gluon) with these argument types and constexprs, every other argument
+    an i32, as a launch on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides
+    that are no constexpr divisible by 16 (without that, Triton cannot vectorize the loads and pipelines no
+    stages)."""
     fn = kernel.kernel
     signature = dict.fromkeys(fn.arg_names, "i32") | types | dict.fromkeys(constants, "constexpr")
     index = fn.arg_names.index
     aligned = [n for n, t in signature.items() if t.startswith("*") or (t == "i32" and n.startswith("stride_"))]
-    source = ASTSource(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
-                       attrs={(index(n),): [["tt.divisibility", 16]] for n in aligned})
+    source_type = GluonASTSource if fn.is_gluon() else ASTSource
+    source = source_type(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
+                         attrs={(index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
 
 
@@ -59,7 +65,10 @@ def _ptxas_report(ptx: str) -> dict[str, int]:
                               capture_output=True, text=True, check=True)
     log = done.stdout + done.stderr
     return {"registers": int(re.search(r"Used (\d+) registers", log).group(1)),
-            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", log).group(1))}
+            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", log).group(1)),
+            # C7514: an instruction touches a wgmma's accumulator while it may be in flight, so ptxas waits
+            # for each wgmma before the next (a warp-specialized kernel then runs at 0.6-0.7x)
+            "wgmma_serialized": int("C7514" in log)}
 
 
 def _instructions(ptx: str) -> dict[str, int]:
@@ -126,6 +135,22 @@ def compile_quantization(packed: bool) -> dict[str, int]:
     return {"atomics": amax.count("atom.global") + amax.count("red.global"), "cvt_e4m3": cast.count("e4m3x2")}
 
 
+def compile_blockwise_ws(token_reduction: bool, accumulate: bool) -> dict[str, int]:
+    """The warp-specialized blockwise FP8 GEMM (128x128 tiles, 4 stages) as the ops launch it: M-grouped
+    (the forward and the dgrad: A's scales [rows, K blocks], the weight's [G, N blocks, K blocks]) or the
+    token reduction (the wgrad: both operands' scales [token blocks, rows]) into bf16, or adding into an
+    fp32 main_grad."""
+    def descriptor(rows: int) -> str:
+        return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
+    types = {"a_desc": descriptor(64), "b_desc": descriptor(128), "c_ptr": "*fp32" if accumulate else "*bf16",
+             "sa_ptr": "*fp32", "sb_ptr": "*fp32", "offs_ptr": "*i64"}
+    unit_strides = {"stride_sam": 1, "stride_sbn": 1} if token_reduction else {"stride_sak": 1, "stride_sbk": 1}
+    constants = {"BLOCK_N": 128, "GROUP_M": 8, "STAGES": 4, "GROUPED": True, "TOKEN_REDUCTION": token_reduction,
+                 "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
+    ptx = _ptx(_blockwise_ws_kernel, types, constants)
+    return _instructions(ptx) | _ptxas_report(ptx)
+
+
 if __name__ == "__main__":
     found = {f"fp8-d{d}{'-tma' if tma else ''}": compile_forward(True, d, tma) for d in (64, 128, 256)
              for tma in (False, True)}
@@ -135,4 +160,6 @@ if __name__ == "__main__":
     found |= {f"bwd_kv-d128-{'tma' if tma else 'pointers'}-dq-atomic": compile_backward("bwd_kv", 128, tma, True)
               for tma in (False, True)}
     found |= {f"quantize-{'packed' if packed else 'dense'}": compile_quantization(packed) for packed in (False, True)}
+    found |= {f"blockwise-ws-{'wgrad' if token else 'm-grouped'}{'-accumulate' if acc else ''}":
+              compile_blockwise_ws(token, acc) for token, acc in ((False, False), (True, False), (True, True))}
     print(json.dumps(found))

@@ -1,12 +1,20 @@
 """The warp-specialized blockwise FP8 kernel (Hopper only) against float64 on the dequantized operands:
-dense and grouped (skewed, empty groups, ragged edges), mixed FP8 formats."""
+M-grouped (the forward and the dgrad) and the token reduction (the wgrad), dense and grouped (skewed,
+empty groups, ragged edges), mixed FP8 formats, writing fresh outputs and adding into them."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness.snr import snr_db
 from kernels.common import blockwise_ws
-from kernels.common.fp8 import Granularity, quantize_blocks_2d, quantize_rows
+from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm_fp8.tuning import config_for
@@ -14,9 +22,9 @@ from kernels.grouped_gemm_fp8.tuning import config_for
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def test_takes_hopper_and_128x128_weight_blocks_only(device):
-    """Elsewhere (the interpreter, other GPUs), and for per-column B scales (the wgrad), blockwise GEMMs
-    stay on the Triton kernel."""
+def test_takes_hopper_and_its_scale_layouts_only(device):
+    """Elsewhere (the interpreter, other GPUs) blockwise GEMMs stay on the Triton kernel; on Hopper the
+    M-grouped launch takes 128x128 weight blocks and the token reduction per-row ones, not the other's."""
     a = torch.randn(256, 256, device=device).to(E4M3)
     b = torch.randn(1, 256, 256, device=device).to(E4M3)
     out = torch.empty(256, 256, device=device)
@@ -27,6 +35,24 @@ def test_takes_hopper_and_128x128_weight_blocks_only(device):
     assert blockwise_ws.supported(a, b, out, scales, cfg) == hopper
     per_column = Scales(scales.a, scales.a_strides, torch.ones(256, 2, device=device), (0, 2, 1), per_k_block=True)
     assert not blockwise_ws.supported(a, b, out, per_column, cfg)
+    assert blockwise_ws.supported(a, b[0], out, per_column, cfg, token_reduction=True) == hopper
+    assert not blockwise_ws.supported(a, b[0], out, scales, cfg, token_reduction=True)
+
+
+def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
+    """Triton's own ptxas (no GPU needed) on the kernel as the ops launch it, M-grouped and as the wgrad's
+    token reduction (fresh and accumulating): E4M3 wgmmas fed by TMA, no register spills, and no
+    serialization (ptxas waits for each wgmma when an instruction may touch one's accumulator in flight,
+    as promoting each K block's product one block late did: 0.6-0.7x on the H100). A subprocess, since
+    the kernels must be compiled, not interpreted."""
+    code = ("import json; from tests.hopper_compile import compile_blockwise_ws; print(json.dumps("
+            "[compile_blockwise_ws(t, a) for t, a in ((False, False), (True, False), (True, True))]))")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=os.environ | {"TRITON_INTERPRET": "0"},
+                          cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for report in json.loads(done.stdout.splitlines()[-1]):
+        assert (report["wgmma_e4m3"], report["tma_loads"]) == (8, 3), report
+        assert (report["spill_bytes"], report["wgmma_serialized"]) == (0, 0), report
 
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, row_block: int) -> torch.Tensor:
@@ -71,3 +97,49 @@ def test_matches_float64_on_its_operands(name):
     blockwise_ws.blockwise_mm(aq, bq, out, scales, cfg, offs if G > 1 else None)
     assert not out.isnan().any()
     assert snr_db(out, grouped_reference(aq, sa, bq, sb, lens, 128)) >= 45.0  # bf16 rounding of the output
+
+
+def dequantized_t(qt: torch.Tensor, scale_t: torch.Tensor) -> torch.Tensor:
+    """quantize_both's cols_t layout back in float64: qt [P, capacity] with scale_t [capacity / 128, P]."""
+    return qt.double() * scale_t.double().t().repeat_interleave(128, 1)[:, :qt.shape[1]]
+
+
+TOKEN_CASES = {
+    # name: (tokens per group, None: dense, P, Q, out dtype, accumulate, BLOCK_N, stages)
+    "dense": ([1000], None, 1024, 896, torch.bfloat16, False, 128, 4),
+    "dense-accumulate-fp32": ([4096], None, 512, 640, torch.float32, True, 128, 4),
+    "grouped-skewed-empty": ([2100, 0, 300, 1, 1000, 0, 695, 0], True, 384, 512, torch.bfloat16, False, 128, 4),
+    "grouped-accumulate-bf16": ([512, 512, 512, 0, 77], True, 256, 320, torch.bfloat16, True, 64, 3),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(TOKEN_CASES))
+def test_token_reduction_matches_float64_on_its_operands(name):
+    """out[g] (+)= x_g^T @ y_g over each group's tokens, both quantized 1x128 along the tokens into the
+    padded transposed layout the FP8 wgrads read."""
+    lens, grouped, P, Q, out_dtype, accumulate, block_n, stages = TOKEN_CASES[name]
+    torch.manual_seed(len(name))
+    G, T = len(lens), sum(lens)
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int64)
+    groups = RowGroups.tokens(offs) if grouped else RowGroups.equal(1, T)
+    x = quantize_both(torch.randn(T, P, device="cuda", dtype=torch.bfloat16), E4M3, Granularity.BLOCKWISE, groups,
+                      rows=False)
+    y = quantize_both(torch.randn(T, Q, device="cuda", dtype=torch.bfloat16), E4M3, Granularity.BLOCKWISE, groups,
+                      rows=False)
+    (xt, sx), (yt, sy) = x.cols_t, y.cols_t
+    scales = Scales(sx, (sx.stride(1), sx.stride(0)), sy, (0, sy.stride(1), sy.stride(0)), per_k_block=True)
+    cfg = TileConfig(128, block_n, 128, 8, 8, stages)
+    shape = (G, P, Q) if grouped else (P, Q)
+    start = torch.randn(shape, device="cuda").to(out_dtype)
+    out = start.clone() if accumulate else torch.full(shape, float("nan"), device="cuda", dtype=out_dtype)
+    assert blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True)
+    blockwise_ws.blockwise_token_mm(xt, yt, out, scales, cfg, x.padded_offs if grouped else None, accumulate)
+    assert not out.isnan().any()
+    xd, yd = dequantized_t(xt, sx), dequantized_t(yt, sy)
+    bounds = x.padded_offs.tolist() if grouped else [0, xt.shape[1]]
+    expected = torch.stack([xd[:, a:b] @ yd[:, a:b].t() for a, b in itertools.pairwise(bounds)]).reshape(shape)
+    if accumulate:
+        expected += start.double()
+    floor = 55.0 if out_dtype == torch.float32 else 45.0  # FP8 tensor cores' accumulation; the output's rounding
+    assert snr_db(out, expected) >= floor

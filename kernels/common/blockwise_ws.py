@@ -1,4 +1,4 @@
-"""Blockwise FP8 GEMM on Hopper with warp specialization (Gluon): dense and M-grouped.
+"""Blockwise FP8 GEMM on Hopper with warp specialization (Gluon): forward, dgrad and wgrad, dense and grouped.
 
 Blockwise scaling (1x128 activations, 128x128 weights) promotes each 128-wide K block's product into
 the fp32 accumulator with that block's scales, so every K block's MMA must finish before its
@@ -10,11 +10,20 @@ of shared-memory stages with TMA, and two consumer warpgroups, each owning 64 ro
 tile, issue the MMA of a stage, release the stage, and promote. The two consumers synchronize only
 through the stage barriers, so while one promotes the other's MMA runs.
 
-C[rows_g] = A[rows_g] @ B_g^T with A [tokens, K] and B [G * N, K], both fp8 and K-major, A scaled per
-row and 128-wide K block, B per 128x128 block (the forward and the dgrad). A dense GEMM is one group.
-A tile may read past its group's last row (or B's last column into the next group's rows): those
-products only feed outputs the masked store drops. Gluon kernels do not run in the CPU interpreter;
-`supported` says when this kernel can take a launch.
+One kernel, two ways to group (TOKEN_REDUCTION picks):
+
+- M-grouped (the forward and the dgrad, `blockwise_mm`): C[rows_g] = A[rows_g] @ B_g^T with A [tokens, K]
+  and B [G * N, K], A scaled per row and 128-wide K block, B per 128x128 block. A tile may read past its
+  group's last row (or B's last column into the next group's rows): those products only feed outputs
+  the masked store drops.
+- Token reduction (the wgrad, `blockwise_token_mm`): C[g] = X_g @ Y_g^T over group g's tokens, X [P,
+  tokens] and Y [Q, tokens] both quantized along the tokens (1x128: per row and 128-token block, so the
+  promotion scales by an outer product), each group's tokens zero-padded to whole 128-token blocks.
+  Every group owns a whole [P, Q] output; an empty group's tiles store zeros (or add nothing).
+
+Both operands are fp8 and K-major; a dense GEMM is one group. ACCUMULATE adds into C (fp32 sums, a
+main_grad's gradient accumulation). Gluon kernels do not run in the CPU interpreter; `supported` says
+when this kernel can take a launch.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ from kernels.common.launch import fast_launch
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.common.tma import bind_context, tma_layout
+
+# The TMA load's name since Triton 3.7 (async_copy_global_to_shared before, which 3.7 turned into an error).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 rows
 HALF_M = gl.constexpr(64)
@@ -71,85 +83,126 @@ def _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N: gl.constexpr, G
 
 
 @gluon.jit
+def _tile_at(tile, g, tiles_before, offs_ptr, M, N, K, G,
+             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr):
+    """Where `tile` lies, walking on from an earlier tile's (g, tiles_before): its group (G past the last
+    tile), the walk's new state, the tile's first row and column, B's first row, the first K element, the
+    number of K blocks, and the end of the rows the tile may write."""
+    num_n = gl.cdiv(N, BLOCK_N)
+    if TOKEN_REDUCTION:  # every group: a whole [M, N] output over its own K range (tokens)
+        tiles_g = gl.cdiv(M, BLOCK_M) * num_n
+        g = tile // tiles_g
+        tiles_before = g * tiles_g
+        k_start, k_end = _group_rows(offs_ptr, g, K, G, GROUPED)
+        row0, col0 = _tile_origin(tile, tiles_before, gl.to_tensor(0), M, num_n, BLOCK_N, GROUP_M)
+        b_row0 = col0
+        row_end = gl.to_tensor(M)
+    else:  # groups own rows of A; every tile reduces over all of K
+        g, tiles_before, start, row_end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
+        row0, col0 = _tile_origin(tile, tiles_before, start, row_end, num_n, BLOCK_N, GROUP_M)
+        b_row0 = g * N + col0
+        k_start = gl.to_tensor(0)
+        k_end = gl.to_tensor(K)
+    return g, tiles_before, row0, col0, b_row0, k_start, gl.cdiv(k_end - k_start, BLOCK_K), row_end
+
+
+@gluon.jit
 def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N, K, G,
                     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    GROUPED: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
-    num_n = gl.cdiv(N, BLOCK_N)
-    k_tiles = gl.cdiv(K, BLOCK_K)
+                    GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     stage_bytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
     tile = gl.program_id(0)
     it = 0
-    g, tiles_before, start, end = _find_group(tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, G, num_n, GROUPED)
+    g, tiles_before, row0, _col0, b_row0, k0, k_tiles, _row_end = _tile_at(
+        tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
     while g < G:
-        row0, col0 = _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N, GROUP_M)
-        b_row0 = g * N + col0
         for kb in range(k_tiles):
             s = it % STAGES
             # A fresh barrier counts as having completed the phase before its first: the first lap passes.
             mbarrier.wait(free.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), stage_bytes)
-            k0 = kb * BLOCK_K
-            tma.async_copy_global_to_shared(a_desc, [row0, k0], ready.index(s), a_bufs.index(2 * s))
-            tma.async_copy_global_to_shared(a_desc, [row0 + HALF_M, k0], ready.index(s), a_bufs.index(2 * s + 1))
-            tma.async_copy_global_to_shared(b_desc, [b_row0, k0], ready.index(s), b_bufs.index(s))
+            k = k0 + kb * BLOCK_K
+            _tma_load(a_desc, [row0, k], ready.index(s), a_bufs.index(2 * s))
+            _tma_load(a_desc, [row0 + HALF_M, k], ready.index(s), a_bufs.index(2 * s + 1))
+            _tma_load(b_desc, [b_row0, k], ready.index(s), b_bufs.index(s))
             it += 1
         tile += NUM_PROGRAMS
-        g, tiles_before, start, end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
+        g, tiles_before, row0, _col0, b_row0, k0, k_tiles, _row_end = _tile_at(
+            tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
 
 
 @gluon.jit
 def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                   stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                   stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                   NUM_PROGRAMS: gl.constexpr):
+                   TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
-    # 16-byte stores: each thread writes 8 consecutive bf16 of a row.
+    # 16-byte stores: each thread writes 8 consecutive elements of a row.
     store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_N,
                                                   BLOCK_N // 8], warps_per_cta=[4, 1], order=[1, 0])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    num_n = gl.cdiv(N, BLOCK_N)
-    k_tiles = gl.cdiv(K, BLOCK_K)
+    col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tile = gl.program_id(0)
     it = 0
-    g, tiles_before, start, end = _find_group(tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, G, num_n, GROUPED)
+    g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+        tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
     while g < G:
-        row0, col0 = _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N, GROUP_M)
         rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
-        row_ok = rows < end
-        sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam
-        sb_tile = sb_ptr + g.to(gl.int64) * stride_sbg + (col0 // BLOCK_K) * stride_sbn
+        row_ok = rows < row_end
+        first_block = k0 // BLOCK_K
+        sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam + first_block * stride_sak
+        if TOKEN_REDUCTION:  # B is scaled per row (column of C) and 128-token block too
+            cols = col0 + gl.arange(0, BLOCK_N, layout=col_layout)
+            col_ok = cols < N
+            # A scalar base and int32 offsets: a tensor of 64-bit pointers would hold 64 registers a thread.
+            sb_ptrs = sb_ptr + first_block.to(gl.int64) * stride_sbk
+        else:  # the tile lies in one 128x128 weight block: one scale per K block
+            sb_ptrs = sb_ptr + g.to(gl.int64) * stride_sbg + (col0 // BLOCK_K) * stride_sbn
         acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
         for kb in range(k_tiles):
             s = it % STAGES
             # Loaded before the wait, so their latency hides behind it (prefetching a block ahead measured no faster).
             sa = gl.load(sa_ptrs + kb * stride_sak, mask=row_ok, other=0.0)
-            sb = gl.load(sb_tile + kb * stride_sbk)  # the tile lies in one 128x128 weight block
+            if TOKEN_REDUCTION:
+                sb = gl.load(sb_ptrs + kb * stride_sbk + cols * stride_sbn, mask=col_ok, other=0.0)
+            else:
+                sb = gl.load(sb_ptrs + kb * stride_sbk)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            a = a_bufs.index(2 * s + HALF)
-            b = b_bufs.index(s).permute((1, 0))
-            part = warpgroup_mma(a, b, acc, use_acc=False, is_async=True)
+            # The product of one K block, waited for at once: the promotion's FMAs overlap the other
+            # warpgroup's MMA. (Promoting a block late, with the next block's MMA in flight, makes ptxas
+            # serialize the wgmmas: measured 0.6-0.7x.)
+            part = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc, use_acc=False,
+                                 is_async=True)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             mbarrier.arrive(free.index(s), count=1)
-            acc += part * gl.expand_dims(sa * sb, 1)
+            if TOKEN_REDUCTION:
+                acc += part * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+            else:
+                acc += part * gl.expand_dims(sa * sb, 1)
             it += 1
-        out = gl.convert_layout(acc.to(c_ptr.dtype.element_ty), store_layout)
         out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
         out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
-        c_ptrs = c_ptr + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(out_cols, 0)
-        mask = gl.expand_dims(out_rows < end, 1) & gl.expand_dims(out_cols < N, 0)
-        gl.store(c_ptrs, out, mask=mask)
+        c_ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1)
+                  + gl.expand_dims(out_cols, 0))
+        mask = gl.expand_dims(out_rows < row_end, 1) & gl.expand_dims(out_cols < N, 0)
+        if ACCUMULATE:  # summed in fp32, rounded once
+            out = gl.convert_layout(acc, store_layout) + gl.load(c_ptrs, mask=mask, other=0.0).to(gl.float32)
+            gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            gl.store(c_ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), store_layout), mask=mask)
         tile += NUM_PROGRAMS
-        g, tiles_before, start, end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
+        g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+            tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
 
 
 @fast_launch
 @gluon.jit
 def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                         stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                         BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-                         STAGES: gl.constexpr, GROUPED: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+                         stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                         BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+                         TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -159,13 +212,13 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
         mbarrier.init(free.index(s), count=2)  # one arrival per consumer warpgroup
     gl.warp_specialize([
         (_mma_partition, (a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                          stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, NUM_PROGRAMS)),
+                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_mma_partition, (a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                          stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, NUM_PROGRAMS)),
+                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N, K, G,
-                           BLOCK_N, GROUP_M, STAGES, GROUPED, NUM_PROGRAMS)),
+                           BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, NUM_PROGRAMS)),
     ], [4, 1], [232, 40])
 
 
@@ -186,19 +239,38 @@ def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
     return rows if tma_layout(rows) is True else None
 
 
-def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig) -> bool:
-    """Whether this kernel runs `out = a @ b^T` under `cfg`: 1x128 A scales and 128x128 B blocks (the
-    forward and the dgrad; the wgrad's per-column B scales stay on the Triton kernel, whose pipeliner
-    prefetches them), a Hopper GPU (not the interpreter), fp8 operands TMA reads K-major, a row-major
-    output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps) with BLOCK_N <= 128."""
+def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
+              token_reduction: bool = False) -> bool:
+    """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
+    blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128 blocks
+    along the tokens, as a's). Both want a Hopper GPU (not the interpreter), fp8 operands TMA reads
+    K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
+    with BLOCK_N <= 128."""
+    b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
     return (
-        scales.per_k_block and scales.b_out_div == BLOCK_K.value
+        scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8 and cfg.BLOCK_N in (64, 128)
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
         and torch.cuda.get_device_capability(a.device) == (9, 0)
-        and a.dtype in _GL_FP8 and b.dtype in _GL_FP8
-        and tma_layout(a) is True and _as_rows(b) is not None and out.stride(-1) == 1
+        and a.dtype in _GL_FP8 and b.dtype in _GL_FP8 and a.shape[-1] > 0
+        and tma_layout(a) is True and b_ok and out.stride(-1) == 1
     )
+
+
+def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
+            offs: torch.Tensor | None, M: int, N: int, K: int, G: int, tiles: int, token_reduction: bool,
+            accumulate: bool) -> torch.Tensor:
+    programs = persistent_programs(a.device, tiles)
+    bind_context(a.device)
+    _blockwise_ws_kernel[(programs,)](
+        _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(b_rows, [cfg.BLOCK_N, BLOCK_K.value]),
+        out, scales.a, scales.b, a if offs is None else offs,
+        M, N, K, G,
+        out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,
+        BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, GROUPED=offs is not None,
+        TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs, num_warps=4,
+    )
+    return out
 
 
 def blockwise_mm(
@@ -213,15 +285,22 @@ def blockwise_mm(
     if M == 0 or N == 0:
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
-    max_tiles = (cdiv(M, BLOCK_M.value) + G) * cdiv(N, cfg.BLOCK_N)
-    programs = persistent_programs(a.device, max_tiles)
-    bind_context(a.device)
-    _blockwise_ws_kernel[(programs,)](
-        _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(_as_rows(b), [cfg.BLOCK_N, BLOCK_K.value]),
-        out, scales.a, scales.b, a if offs is None else offs,
-        M, N, K, G,
-        out.stride(0), *scales.a_strides, *scales.b_strides,
-        BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages,
-        GROUPED=offs is not None, NUM_PROGRAMS=programs, num_warps=4,
-    )
-    return out
+    tiles = (cdiv(M, BLOCK_M.value) + G) * cdiv(N, cfg.BLOCK_N)
+    return _launch(a, _as_rows(b), out, scales, cfg, offs, M, N, K, G, tiles, False, False)
+
+
+def blockwise_token_mm(
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
+    offs: torch.Tensor | None = None, accumulate: bool = False,
+) -> torch.Tensor:
+    """out[g] = x[:, tokens_g] @ y[:, tokens_g]^T (`accumulate`: out[g] += it) promoted per 128-token
+    block: x [P, tokens] and y [Q, tokens] fp8, tokens contiguous, scaled per row and 128-token block
+    (`scales.a` indexed [p, block], `scales.b` [0, q, block]). `offs` (int64 [G + 1], on the device):
+    the groups' token ranges, each starting on a 128-token block (quantize_both's padded layout), out
+    [G, P, Q]; None: one group of all tokens, out [P, Q]. Check `supported(..., token_reduction=True)`."""
+    (P, K), Q = x.shape, y.shape[0]
+    G = 1 if offs is None else offs.numel() - 1
+    if P == 0 or Q == 0 or G == 0:
+        return out
+    tiles = G * cdiv(P, BLOCK_M.value) * cdiv(Q, cfg.BLOCK_N)
+    return _launch(x, y, out, scales, cfg, offs, P, Q, K, G, tiles, True, accumulate)

@@ -9,8 +9,8 @@ types. Each operand is quantized by one kernel of kernels/common/fp8.py, straigh
     wgrad   tokens      grad_out^T           x^T (both quantized along tokens, written transposed)
 
 Where TMA cannot describe an operand (K not a multiple of 16, an odd output width), the grouped
-pointer kernel runs the pass as one group. On Hopper the blockwise forward and dgrad run the
-warp-specialized kernel of kernels/common/blockwise_ws.py instead.
+pointer kernel runs the pass as one group. On Hopper the blockwise passes run the warp-specialized
+kernel of kernels/common/blockwise_ws.py instead (the wgrad as its token reduction).
 """
 
 from __future__ import annotations
@@ -136,4 +136,7 @@ def fp8_token_reduction(
     (xt, sx), (yt, sy) = x, y
     scales = Scales(sx, vark_scale_strides(sx, granularity)[1:], sy, vark_scale_strides(sy, granularity),
                     per_k_block=granularity == Granularity.BLOCKWISE)
+    cfg = config_for("wgrad", *out.shape, granularity)
+    if out.numel() and blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True):
+        return blockwise_ws.blockwise_token_mm(xt, yt, out, scales, cfg, accumulate=accumulate)
     return scaled_mm(xt, yt, out, scales, "wgrad", granularity, accumulate)

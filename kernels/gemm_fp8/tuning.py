@@ -5,10 +5,10 @@ Buckets by output area (small up to 2048 x 2048), with a `/blockwise` twin: bloc
 a second fp32 tile live (each K block's product before its scales), which 128x256 tiles cannot
 afford. BLOCK_K is 128: blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
 
-On Hopper the blockwise forward and dgrad under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128
-run the warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups:
-the same tile and warps), where 3 stages measured best (benchmarks/blockwise_ab.py); the rest run
-the Triton kernels.
+On Hopper the blockwise passes under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128 run the
+warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same
+tile and warps; the wgrad as its token reduction), where 3 stages measured best for the forward
+(benchmarks/blockwise_ab.py); the rest run the Triton kernels.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ writes both from one read), and the shared M-grouped or variable-K kernel gets s
     dgrad   N           grad_out, along N         b as [K, N]
     wgrad   tokens      grad_out^T, per group     a^T, per group
 
-On Hopper the blockwise forward and dgrad run the warp-specialized kernel of
-kernels/common/blockwise_ws.py instead of the M-grouped one.
+On Hopper the blockwise passes run the warp-specialized kernel of kernels/common/blockwise_ws.py
+instead (the wgrad as its token reduction) where the tuned config means its tile.
 """
 
 from __future__ import annotations
@@ -233,4 +233,9 @@ def vark_fp8(
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
+    if granularity == Granularity.BLOCKWISE:
+        token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
+        if blockwise_ws.supported(xt, yt, out, token_scales, cfg, token_reduction=True):
+            blockwise_ws.blockwise_token_mm(xt, yt, out, token_scales, cfg, padded_offs, accumulate)
+            return
     grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)

@@ -16,10 +16,13 @@ accumulating), while at 2048 (Qwen3's 16 x 2048) the large bucket is still the b
 wgrad's boundary sits at 2048 tokens where the forward's and dgrad's (whose tokens are M, not the
 reduction) stays at grouped_gemm's 1024.
 
-On Hopper the blockwise forward and dgrad under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128
-run the warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups:
-the same tile and warps), where 3 stages measured best (benchmarks/blockwise_ab.py); the rest run
-the Triton kernels.
+On Hopper the blockwise passes under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128 run the
+warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same
+tile and warps; the wgrad as its token reduction), where 3 stages measured best for the forward
+(benchmarks/blockwise_ab.py); the rest run the Triton kernels. So the blockwise wgrad's small bucket
+is 128x128 with 8 warps, not the Triton kernel's 64x128 with 4: on the warp-specialized kernel it ran
+DeepSeek-V3's 32 x 512 and 32 x 1024 GateUP wgrads 1.09-1.22x faster, fresh and adding into a
+main_grad (`blockwise_ab.py --pass wgrad`, H100 2026-11-25).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
     "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small/blockwise": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
 }
 
