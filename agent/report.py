@@ -228,6 +228,16 @@ def plot_rounds(run_dir: Path, state: CampaignState, path: Path) -> Path:
     return path
 
 
+def _headline(baseline: float, best: float, accepted: list) -> str:
+    """Baseline vs best over all shapes; where no round was accepted the best is the start itself, and the
+    two benches' difference is drift, not a gain (a campaign that changed nothing must not read +6%)."""
+    change = _pct(best, baseline)
+    if accepted:
+        return f"baseline {baseline:.4g}, best {best:.4g} ({change})"
+    return (f"no round was accepted, so the best is the start: its final bench {best:.4g} against the baseline "
+            f"bench {baseline:.4g} ({change}) is two benches of the same code, drift and not a gain")
+
+
 def write_report(run_dir: Path, state: CampaignState, vendors: dict[str, dict[str, float]],
                  termination: list[Termination], next_steps: list[str]) -> Path:
     """report.md: baseline vs best per shape and against the vendors, the rounds, the stop conditions."""
@@ -243,13 +253,14 @@ def write_report(run_dir: Path, state: CampaignState, vendors: dict[str, dict[st
         f"- Proposer: {manifest.proposer.kind}; primary metric: {metric}; branch `{state.branch}`; best commit "
         f"`{state.best_commit[:12]}`",
         f"- Rounds: {len(opt)} ({len(accepted)} accepted); stopped because: {state.stop_reason}",
-        f"- {metric} geomean over all shapes: baseline {base.geomeans[metric]:.4g}, best {final.geomeans[metric]:.4g} "
-        f"({_pct(final.geomeans[metric], base.geomeans[metric])}); every shape "
-        f"{'PASS' if final.all_pass else 'NOT PASS: ' + ', '.join(final.failed)}",
+        f"- {metric} geomean over all shapes: {_headline(base.geomeans[metric], final.geomeans[metric], accepted)}"
+        f"; every shape {'PASS' if final.all_pass else 'NOT PASS: ' + ', '.join(final.failed)}",
         f"- Reproduced in the final bench: {'yes' if state.reproduced else 'NO'} ({state.reproduction})",
         *[f"- Note: {note}" for note in state.notes],
         "", f"![{metric} by round](metric_by_round.png)", "",
         f"## Baseline vs best, per shape ({metric})", "",
+        *([] if accepted else ["No round was accepted: both columns bench the start's code, minutes apart; their "
+                               "ratio is the machine's drift.", ""]),
         "| shape | baseline | best | speedup | " + " | ".join(f"{v} | best / {v}" for v in vendors) + " |",
         "|---|---|---|---|" + "---|---|" * len(vendors),
     ]

@@ -123,6 +123,26 @@ def test_campaign_accepts_and_rolls_back_with_lineage_logs_and_report(tmp_path):
     assert "GROUP_M" in (run / "tips.yaml").read_text()
 
 
+class UnmovedMeasurer(FakeMeasurer):
+    """Every table measures the same; the final bench runs 6% faster (a machine that warmed up)."""
+
+    def __call__(self, request: BenchRequest) -> None:
+        super().__call__(request)
+        value = 106.0 if request.summary_csv.parent.name == "final" else 100.0
+        labels = [s.label for s in load_shape_file(request.shapes_file)]
+        write_summary(request.summary_csv, GEMM, [gemm_row(label, fwd=value, bwd=value) for label in labels])
+
+
+def test_a_campaign_that_accepts_nothing_reports_drift_not_a_gain(tmp_path):
+    root = make_repo(tmp_path / "repo")
+    campaign = run_campaign(root, "flat", UnmovedMeasurer(root), max_iterations=2)
+    assert campaign.state.best_commit == campaign.state.start_commit
+    report = (campaign.run_dir / "report.md").read_text()
+    assert "no round was accepted, so the best is the start: its final bench 106 against the baseline bench 100 " \
+           "(+6.0%) is two benches of the same code, drift and not a gain" in report
+    assert "their ratio is the machine's drift" in report
+
+
 def test_kill_during_validate_then_resume_gives_the_same_campaign(tmp_path):
     reference = run_campaign(make_repo(tmp_path / "a"), "same")
     root = make_repo(tmp_path / "b")
