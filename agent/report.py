@@ -228,7 +228,7 @@ def plot_rounds(run_dir: Path, state: CampaignState, path: Path) -> Path:
     return path
 
 
-def _headline(baseline: float, best: float, accepted: list) -> str:
+def _headline(baseline: float, best: float, accepted: list[RoundRecord]) -> str:
     """Baseline vs best over all shapes; where no round was accepted the best is the start itself, and the
     two benches' difference is drift, not a gain (a campaign that changed nothing must not read +6%)."""
     change = _pct(best, baseline)
