@@ -29,7 +29,6 @@ from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quant
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.gemm.kernel import launch_tma
-from kernels.gemm_fp8.kernel import scaled_mm
 from kernels.gemm_fp8.tuning import config_for as dense_config_for
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
 from kernels.grouped_gemm_fp8.tuning import config_for as grouped_config_for
@@ -80,10 +79,12 @@ def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: 
         triton = {f"triton {c.BLOCK_M}x{c.BLOCK_N} w{c.num_warps} s{c.num_stages}": (
             lambda acc, c=c: grouped_mm_vark(xt, yt, padded, out, c, vark, padded=True, accumulate=acc))
             for c in (table, TRITON_CONFIG)}
-    else:  # the dense wgrad's path before the token reduction: the table's config, as scaled_mm picks it
+    else:  # the dense wgrad's kernels before the token reduction, under the table's config
         table = dense_config_for("wgrad", P, Q, Granularity.BLOCKWISE)
+        one_group = torch.tensor([0, P], device="cuda", dtype=torch.int64)
         triton = {f"triton {table.BLOCK_M}x{table.BLOCK_N} w{table.num_warps} s{table.num_stages}": (
-            lambda acc: scaled_mm(xt, yt, out, scales, "wgrad", Granularity.BLOCKWISE, acc))}
+            lambda acc: grouped_mm(xt, yt[None], one_group, out, table, scales, True) if acc
+            else launch_tma(xt, yt.t(), out, table, scales))}
     runs = {}
     for accumulate in (False, True):
         mode = "+=" if accumulate else "fresh"

@@ -108,6 +108,9 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     if M == 0 or N == 0:
         return out
     cfg = config_for(pass_name, M, N, granularity)
+    # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
+    if blockwise_ws.supported(a, b, out, scales, cfg, token_reduction=True):
+        return blockwise_ws.blockwise_token_mm(a, b, out, scales, cfg, accumulate=accumulate)
     # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
     # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
     # grouped kernel, whose epilogue works in registers.
@@ -136,7 +139,4 @@ def fp8_token_reduction(
     (xt, sx), (yt, sy) = x, y
     scales = Scales(sx, vark_scale_strides(sx, granularity)[1:], sy, vark_scale_strides(sy, granularity),
                     per_k_block=granularity == Granularity.BLOCKWISE)
-    cfg = config_for("wgrad", *out.shape, granularity)
-    if out.numel() and blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True):
-        return blockwise_ws.blockwise_token_mm(xt, yt, out, scales, cfg, accumulate=accumulate)
     return scaled_mm(xt, yt, out, scales, "wgrad", granularity, accumulate)
