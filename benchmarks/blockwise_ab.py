@@ -2,7 +2,8 @@
 
 The forward (`--pass fwd`): both kernels on the same quantized operands (1x128 activations, 128x128
 weights) at the acceptance shapes, the dense 8192^3 (issue 6) and DeepSeek-V3 GateUP, 8 experts x
-4096 tokens (N 4096, K 7168; issue 3). The wgrad (`--pass wgrad`, issue 15): the token reduction of
+4096 tokens (N 4096, K 7168; issue 3), and two short-K Downs (K 2048 and 1536), the warp-specialized
+kernel on 128x128 and 128x256 tiles (`--block-n`). The wgrad (`--pass wgrad`, issue 15): the token reduction of
 both operands quantized 1x128 along the tokens, dense 8192^3 and DeepSeek-V3 GateUP's 32 experts at
 512 and 1024 tokens each, writing a fresh gradient and adding into a bf16 main_grad, against the
 Triton kernels under the tuned table's config and the same 128x128 tile. Each round times every
@@ -33,14 +34,17 @@ from kernels.gemm_fp8.tuning import config_for as dense_config_for
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
 from kernels.grouped_gemm_fp8.tuning import config_for as grouped_config_for
 
-SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4096, 4096, 7168)}
+SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4096, 4096, 7168),
+          # the short-K forwards, where a tile's epilogue weighs most
+          "DSv3 Down 8x4096": (8, 8 * 4096, 7168, 2048), "Qwen3 Down 16x2048": (16, 16 * 2048, 4096, 1536)}
 # (groups, tokens, P, Q): out [G, P, Q] = grad_out^T @ x over each group's tokens
 WGRAD_SHAPES = {"dense wgrad 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP wgrad 32x512": (32, 32 * 512, 4096, 7168),
                 "DSv3 GateUP wgrad 32x1024": (32, 32 * 1024, 4096, 7168)}
 TRITON_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)  # the Triton kernel's best (docs/performance.md)
 
 
-def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[int]) -> dict[str, Callable]:
+def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[int],
+             block_ns: list[int]) -> dict[str, Callable]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -53,17 +57,21 @@ def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[i
         runs = {"triton 128x128 w8 s4": lambda: launch_tma(xq, wq[0].t(), out, TRITON_CONFIG, scales)}
     else:
         runs = {"triton 128x128 w8 s4": lambda: grouped_mm(xq, wq, offs, out, TRITON_CONFIG, scales)}
-    for s in stages:
-        for gm in group_ms:
-            cfg = TileConfig(128, 128, 128, gm, 8, s)
-            if not blockwise_ws.supported(xq, wq, out, scales, cfg):
-                raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
-            runs[f"ws 128x128 s{s} GROUP_M {gm}"] = (
-                lambda c=cfg: blockwise_ws.blockwise_mm(xq, wq, out, scales, c, offs))
+    for block_n in block_ns:
+        for s in stages:
+            for gm in group_ms:
+                cfg = TileConfig(128, block_n, 128, gm, 8, s)
+                if blockwise_ws.shared_bytes(block_n, s, out.element_size()) > blockwise_ws.SHARED_BYTES:
+                    continue  # 128x256 tiles fit 4 stages at most
+                if not blockwise_ws.supported(xq, wq, out, scales, cfg):
+                    raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
+                runs[f"ws 128x{block_n} s{s} GROUP_M {gm}"] = (
+                    lambda c=cfg: blockwise_ws.blockwise_mm(xq, wq, out, scales, c, offs))
     return runs
 
 
-def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: list[int]) -> dict[str, Callable]:
+def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: list[int],
+                   block_ns: list[int]) -> dict[str, Callable]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     offs = torch.arange(G + 1, device="cuda", dtype=torch.int64) * (T // G)
     groups = RowGroups.tokens(offs) if G > 1 else RowGroups.equal(1, T)
@@ -89,14 +97,15 @@ def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: 
     for accumulate in (False, True):
         mode = "+=" if accumulate else "fresh"
         runs |= {f"{name} {mode}": (lambda run=run, acc=accumulate: run(acc)) for name, run in triton.items()}
-        for s in stages:
-            for gm in group_ms:
-                cfg = TileConfig(128, 128, 128, gm, 8, s)
-                if not blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True):
-                    raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
-                runs[f"ws 128x128 s{s} GROUP_M {gm} {mode}"] = (
-                    lambda c=cfg, acc=accumulate: blockwise_ws.blockwise_token_mm(
-                        xt, yt, out, scales, c, padded if G > 1 else None, acc))
+        for block_n in (n for n in block_ns if n <= 128):  # the token reduction's tiles
+            for s in stages:
+                for gm in group_ms:
+                    cfg = TileConfig(128, block_n, 128, gm, 8, s)
+                    if not blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True):
+                        raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
+                    runs[f"ws 128x{block_n} s{s} GROUP_M {gm} {mode}"] = (
+                        lambda c=cfg, acc=accumulate: blockwise_ws.blockwise_token_mm(
+                            xt, yt, out, scales, c, padded if G > 1 else None, acc))
     return runs
 
 
@@ -106,6 +115,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
     parser.add_argument("--group-m", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--block-n", type=int, nargs="+", default=[128, 256],
+                        help="the warp-specialized kernel's tile widths (the wgrad's stop at 128)")
     parser.add_argument("--pass", dest="pass_name", choices=("fwd", "wgrad"), default="fwd")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
@@ -113,7 +124,7 @@ def main() -> None:
     rows = []
     shapes, make = (WGRAD_SHAPES, wgrad_variants) if args.pass_name == "wgrad" else (SHAPES, variants)
     for label, (G, M, N, K) in shapes.items():
-        runs = make(G, M, N, K, args.stages, args.group_m)
+        runs = make(G, M, N, K, args.stages, args.group_m, args.block_n)
         tflops: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():

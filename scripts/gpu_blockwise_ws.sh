@@ -6,8 +6,20 @@
 #                                       # the blockwise MoE training loop (8 microbatches), rowwise beside it
 #   scripts/gpu_blockwise_ws.sh steps   # DeepSeek-V3's grouped passes, each with its quantization, and the
 #                                       # dense training loops, llama3-70b / 8b (8 microbatches)
+#   scripts/gpu_blockwise_ws.sh wide    # GPU tests, the forward's A/B on 128x128 and 128x256 tiles, and the
+#                                       # MoE loop (8 microbatches), blockwise and rowwise
 # Results land in $OUT/results.tgz.
 source "$(dirname "$0")/gpu_env.sh"
+if [ "${1:-check}" = wide ]; then
+  install_wheels
+  step gpu-tests 200 python3 -m pytest -m gpu -q tests/test_blockwise_ws.py tests/test_gemm_fp8.py \
+    tests/test_grouped_gemm.py -k "blockwise or ws or token or compiles or matches or zero"
+  step fwd-ab 150 python3 benchmarks/blockwise_ab.py --rounds 3 --stages 3 4 --group-m 8 --block-n 128 256 \
+    --csv "$WORK/fwd-ab.csv"
+  step moe-acc8 150 python3 benchmarks/training_step.py --suite moe --accumulate 8 --steps 4 --no-torchao \
+    --variants e4m3-rowwise e4m3-blockwise --csv "$WORK/moe_acc8.csv"
+  exit 0
+fi
 if [ "${1:-check}" = wgrad ]; then
   install_wheels
   step gpu-tests 220 python3 -m pytest -m gpu -q tests/test_blockwise_ws.py tests/test_gemm_fp8.py \

@@ -41,7 +41,13 @@ HOPPER = GPUTarget("cuda", 90, 32)
 
 def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
          num_stages: int = 3) -> str:
-    """The PTX of `kernel` (Triton or Gluon) with these argument types and constexprs, every other argument
+    """The PTX of `_compile`."""
+    return _compile(kernel, types, constants, num_warps, num_stages).asm["ptx"]
+
+
+def _compile(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
+             num_stages: int = 3):
+    """`kernel` (Triton or Gluon) compiled for sm_90a with these argument types and constexprs, every other argument
     an i32, as a launch on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides
     that are no constexpr divisible by 16 (without that, Triton cannot vectorize the loads and pipelines no
     stages)."""
@@ -52,7 +58,7 @@ def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps:
     source_type = GluonASTSource if fn.is_gluon() else ASTSource
     source = source_type(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
                          attrs={(index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}).asm["ptx"]
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def _ptxas_report(ptx: str) -> dict[str, int]:
@@ -135,20 +141,22 @@ def compile_quantization(packed: bool) -> dict[str, int]:
     return {"atomics": amax.count("atom.global") + amax.count("red.global"), "cvt_e4m3": cast.count("e4m3x2")}
 
 
-def compile_blockwise_ws(token_reduction: bool, accumulate: bool) -> dict[str, int]:
-    """The warp-specialized blockwise FP8 GEMM (128x128 tiles, 4 stages) as the ops launch it: M-grouped
+def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int = 128,
+                         stages: int = 4) -> dict[str, int]:
+    """The warp-specialized blockwise FP8 GEMM (128 x block_n tiles) as the ops launch it: M-grouped
     (the forward and the dgrad: A's scales [rows, K blocks], the weight's [G, N blocks, K blocks]) or the
     token reduction (the wgrad: both operands' scales [token blocks, rows]) into bf16, or adding into an
-    fp32 main_grad."""
+    fp32 main_grad; with the shared memory it takes (the H100 gives a CTA 227 KB)."""
     def descriptor(rows: int) -> str:
         return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
-    types = {"a_desc": descriptor(64), "b_desc": descriptor(128), "c_ptr": "*fp32" if accumulate else "*bf16",
+    types = {"a_desc": descriptor(64), "b_desc": descriptor(block_n), "c_ptr": "*fp32" if accumulate else "*bf16",
              "sa_ptr": "*fp32", "sb_ptr": "*fp32", "offs_ptr": "*i64"}
     unit_strides = {"stride_sam": 1, "stride_sbn": 1} if token_reduction else {"stride_sak": 1, "stride_sbk": 1}
-    constants = {"BLOCK_N": 128, "GROUP_M": 8, "STAGES": 4, "GROUPED": True, "TOKEN_REDUCTION": token_reduction,
-                 "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
-    ptx = _ptx(_blockwise_ws_kernel, types, constants)
-    return _instructions(ptx) | _ptxas_report(ptx)
+    constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True,
+                 "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
+    compiled = _compile(_blockwise_ws_kernel, types, constants)
+    ptx = compiled.asm["ptx"]
+    return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
 if __name__ == "__main__":
@@ -162,4 +170,6 @@ if __name__ == "__main__":
     found |= {f"quantize-{'packed' if packed else 'dense'}": compile_quantization(packed) for packed in (False, True)}
     found |= {f"blockwise-ws-{'wgrad' if token else 'm-grouped'}{'-accumulate' if acc else ''}":
               compile_blockwise_ws(token, acc) for token, acc in ((False, False), (True, False), (True, True))}
+    found |= {f"blockwise-ws-m-grouped-256-s{stages}": compile_blockwise_ws(False, False, 256, stages)
+              for stages in (3, 4)}
     print(json.dumps(found))

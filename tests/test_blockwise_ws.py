@@ -43,16 +43,21 @@ def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
     """Triton's own ptxas (no GPU needed) on the kernel as the ops launch it, M-grouped and as the wgrad's
     token reduction (fresh and accumulating): E4M3 wgmmas fed by TMA, no register spills, and no
     serialization (ptxas waits for each wgmma when an instruction may touch one's accumulator in flight,
-    as promoting each K block's product one block late did: 0.6-0.7x on the H100). A subprocess, since
+    as promoting each K block's product one block late did: 0.6-0.7x on the H100), and 128x256 tiles 4
+    stages deep within an H100's shared memory. A subprocess, since
     the kernels must be compiled, not interpreted."""
     code = ("import json; from tests.hopper_compile import compile_blockwise_ws; print(json.dumps("
-            "[compile_blockwise_ws(t, a) for t, a in ((False, False), (True, False), (True, True))]))")
+            "[compile_blockwise_ws(*c) for c in ((False, False), (True, False), (True, True), (False, False, 256))]))")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=os.environ | {"TRITON_INTERPRET": "0"},
                           cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    for report in json.loads(done.stdout.splitlines()[-1]):
+    for report, (block_n, out_bytes) in zip(json.loads(done.stdout.splitlines()[-1]),
+                                            ((128, 2), (128, 2), (128, 4), (256, 2)), strict=True):
         assert (report["wgmma_e4m3"], report["tma_loads"]) == (8, 3), report
         assert (report["spill_bytes"], report["wgmma_serialized"]) == (0, 0), report
+        # `supported` bounds the kernel's shared memory from above, and 128x256 tiles 4 deep fit an H100
+        assert report["shared_bytes"] <= blockwise_ws.shared_bytes(block_n, 4, out_bytes), report
+    assert blockwise_ws.shared_bytes(256, 4, 2) <= blockwise_ws.SHARED_BYTES < blockwise_ws.shared_bytes(256, 5, 2)
 
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, row_block: int) -> torch.Tensor:
@@ -78,6 +83,10 @@ CASES = {
     "grouped-uniform": ([512] * 8, 1024, 2048, E4M3, 128, 4),
     "grouped-skewed-empty": ([2100, 0, 300, 1, 1000, 0, 695, 0], 512, 1024, E4M3, 128, 5),
     "grouped-e5m2-a": ([700, 0, 90], 384, 640, E5M2, 64, 4),
+    # 128x256 tiles span two weight blocks; N 640 and 384 leave a last tile whose upper half is past N
+    "dense-256": ([1024], 1024, 1024, E4M3, 256, 4),
+    "grouped-skewed-empty-256": ([2100, 0, 300, 1, 1000, 0, 695, 0], 640, 1024, E4M3, 256, 3),
+    "grouped-e5m2-a-256": ([700, 0, 90], 384, 640, E5M2, 256, 4),
 }
 
 
@@ -97,6 +106,30 @@ def test_matches_float64_on_its_operands(name):
     blockwise_ws.blockwise_mm(aq, bq, out, scales, cfg, offs if G > 1 else None)
     assert not out.isnan().any()
     assert snr_db(out, grouped_reference(aq, sa, bq, sb, lens, 128)) >= 45.0  # bf16 rounding of the output
+
+
+@pytest.mark.gpu
+def test_zero_blocks_and_rows_scale_without_nans():
+    """The M-grouped walk divides by each K block's scale: all-zero blocks of A, of the weight and of
+    both (the quantizer's smallest scales), and all-zero rows, still give the float64 result."""
+    torch.manual_seed(7)
+    M, N, K = 512, 512, 1024
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    a[:, 256:384] = 0  # one K block of every row
+    a[100:200] = 0     # whole rows
+    w = torch.randn(1, N, K, device="cuda", dtype=torch.bfloat16)
+    w[0, :128, 256:384] = 0  # the same K block of the first weight block row: both operands zero there
+    w[0, 256:, 640:768] = 0
+    aq, sa = quantize_rows(a, E4M3, Granularity.BLOCKWISE)
+    bq, _, sb = quantize_blocks_2d(w, E4M3)
+    scales = Scales(sa, sa.stride(), sb, sb.stride(), 128, per_k_block=True)
+    expected = grouped_reference(aq, sa, bq, sb, [M], 128)
+    for block_n in (128, 256):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        blockwise_ws.blockwise_mm(aq, bq, out, scales, TileConfig(128, block_n, 128, 8, 8, 4))
+        assert not out.isnan().any()
+        assert out[100:200].eq(0).all()
+        assert snr_db(out, expected) >= 45.0
 
 
 def dequantized_t(qt: torch.Tensor, scale_t: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,15 @@ and its CTA-wide barriers keep its warpgroups in step: the FMAs of promotion nev
 
 Here the roles are split (DeepGEMM's design): one producer warp streams A and B tiles through a ring
 of shared-memory stages with TMA, and two consumer warpgroups, each owning 64 rows of the 128-row
-tile, issue the MMA of a stage, release the stage, and promote. The two consumers synchronize only
-through the stage barriers, so while one promotes the other's MMA runs.
+tile, issue the MMA of a stage, release the stage, and scale. The two consumers synchronize only
+through the stage barriers, so while one scales the other's MMA runs.
+
+The M-grouped walk keeps one accumulator: the sum so far divided by the current K block's scale, so
+each block's MMA adds its raw product into it (rescaled by previous / current scale first). That is
+what lets a consumer own a 64x256 tile (128 registers a thread, where a sum and a separate product
+would need 256): 128x256 tiles read each A tile once per 256 columns and halve the stage traffic per
+FLOP, as the rowwise kernels' tiles do. The token reduction scales per column as well (an outer
+product of scales), so it keeps the product separate and promotes it, on tiles up to 128 wide.
 
 One kernel, two ways to group (TOKEN_REDUCTION picks):
 
@@ -46,6 +53,10 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 rows
 HALF_M = gl.constexpr(64)
 BLOCK_K = gl.constexpr(128)  # the scale block
+# The smallest scale the M-grouped walk divides by: a zero scale (an all-zero block) would make its
+# rescaling 0/0. A block under it adds its product times 1e-30 instead of times 0, and the rescaled sum
+# stays finite while the output is under 3e8.
+MIN_SCALE = gl.constexpr(1e-30)
 
 
 @gluon.jit
@@ -132,6 +143,18 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N,
 
 
 @gluon.jit
+def _block_scales(sa_ptrs, sb_ptrs, kb, row_ok, has_hi, stride_sak, stride_sbn, stride_sbk, TWO: gl.constexpr):
+    """K block kb's scales in the M-grouped walk: A's per row, and the weight block's (and with TWO, the
+    next weight block's, for the tile's upper 128 columns; 1.0 past N)."""
+    sa = gl.load(sa_ptrs + kb * stride_sak, mask=row_ok, other=1.0)
+    sb = gl.load(sb_ptrs + kb * stride_sbk)
+    sb_hi = sb
+    if TWO:
+        sb_hi = gl.load(sb_ptrs + stride_sbn + kb * stride_sbk, mask=has_hi, other=1.0)
+    return sa, sb, sb_hi
+
+
+@gluon.jit
 def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -158,30 +181,60 @@ def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr,
             col_ok = cols < N
             # A scalar base and int32 offsets: a tensor of 64-bit pointers would hold 64 registers a thread.
             sb_ptrs = sb_ptr + first_block.to(gl.int64) * stride_sbk
-        else:  # the tile lies in one 128x128 weight block: one scale per K block
-            sb_ptrs = sb_ptr + g.to(gl.int64) * stride_sbg + (col0 // BLOCK_K) * stride_sbn
-        acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
-        for kb in range(k_tiles):
-            s = it % STAGES
-            # Loaded before the wait, so their latency hides behind it (prefetching a block ahead measured no faster).
-            sa = gl.load(sa_ptrs + kb * stride_sak, mask=row_ok, other=0.0)
-            if TOKEN_REDUCTION:
+            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+            for kb in range(k_tiles):
+                s = it % STAGES
+                # Loaded before the wait, so their latency hides behind it.
+                sa = gl.load(sa_ptrs + kb * stride_sak, mask=row_ok, other=0.0)
                 sb = gl.load(sb_ptrs + kb * stride_sbk + cols * stride_sbn, mask=col_ok, other=0.0)
-            else:
-                sb = gl.load(sb_ptrs + kb * stride_sbk)
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            # The product of one K block, waited for at once: the promotion's FMAs overlap the other
-            # warpgroup's MMA. (Promoting a block late, with the next block's MMA in flight, makes ptxas
-            # serialize the wgmmas: measured 0.6-0.7x.)
-            part = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc, use_acc=False,
-                                 is_async=True)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            mbarrier.arrive(free.index(s), count=1)
-            if TOKEN_REDUCTION:
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                # The product of one K block, waited for at once: the promotion's FMAs overlap the other
+                # warpgroup's MMA. (Promoting a block late, with the next block's MMA in flight, makes ptxas
+                # serialize the wgmmas: measured 0.6-0.7x.)
+                part = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
+                                     use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                mbarrier.arrive(free.index(s), count=1)
                 acc += part * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
-            else:
-                acc += part * gl.expand_dims(sa * sb, 1)
-            it += 1
+                it += 1
+        else:
+            # The tile's columns lie in one 128x128 weight block, or two (BLOCK_N 256: lo and hi). One
+            # accumulator holds the sum so far divided by the current block's scale: rescaled by
+            # previous / current before each block's MMA adds into it, and by the last scale at the end.
+            # A 64x256 sum and a separate product would take 256 registers a thread.
+            sb_ptrs = sb_ptr + g.to(gl.int64) * stride_sbg + (col0 // BLOCK_K) * stride_sbn
+            in_hi = gl.expand_dims(gl.arange(0, BLOCK_N, layout=col_layout) >= BLOCK_K, 0)
+            has_hi = col0 + BLOCK_K < N
+            prev = gl.full([HALF_M], 1.0, gl.float32, row_layout)
+            prev_hi = prev
+            # Each block's scales are loaded one block ahead: they are needed before its MMA, and a load's
+            # latency on that path left the tensor cores idle (128x128 tiles ran 12% slower than promoting).
+            sa, sb, sb_hi = _block_scales(sa_ptrs, sb_ptrs, 0, row_ok, has_hi, stride_sak, stride_sbn, stride_sbk,
+                                          BLOCK_N > BLOCK_K)
+            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+            for kb in range(k_tiles):
+                s = it % STAGES
+                cur = gl.maximum(sa * sb, MIN_SCALE)
+                ratio = gl.expand_dims(prev / cur, 1)
+                prev = cur
+                if BLOCK_N > BLOCK_K:
+                    cur_hi = gl.maximum(sa * sb_hi, MIN_SCALE)
+                    ratio = gl.where(in_hi, gl.expand_dims(prev_hi / cur_hi, 1), ratio)
+                    prev_hi = cur_hi
+                sa, sb, sb_hi = _block_scales(sa_ptrs, sb_ptrs, gl.minimum(kb + 1, k_tiles - 1), row_ok, has_hi,
+                                              stride_sak, stride_sbn, stride_sbk, BLOCK_N > BLOCK_K)
+                # Rescaled before the wait: the FMULs hide behind it and the other warpgroup's MMA.
+                acc = acc * ratio
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
+                                    is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(free.index(s), count=1)
+                it += 1
+            last = gl.expand_dims(prev, 1)
+            if BLOCK_N > BLOCK_K:
+                last = gl.where(in_hi, gl.expand_dims(prev_hi, 1), last)
+            acc = acc * last
         out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
         out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
         c_ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1)
@@ -239,17 +292,30 @@ def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
     return rows if tma_layout(rows) is True else None
 
 
+# Shared memory an H100 CTA may take (227 KB).
+SHARED_BYTES = 227 * 1024
+
+
+def shared_bytes(block_n: int, stages: int, out_element_size: int) -> int:
+    """An upper bound of the shared memory a launch takes (tests/hopper_compile.py checks it against the
+    compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each),
+    one consumer's output tile, through which the epilogue changes layout, and 1 KB for the barriers."""
+    return stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * block_n * out_element_size + 1024
+
+
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
               token_reduction: bool = False) -> bool:
     """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
     blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128 blocks
     along the tokens, as a's). Both want a Hopper GPU (not the interpreter), fp8 operands TMA reads
     K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
-    with BLOCK_N <= 128."""
+    with BLOCK_N 64 or 128, or 256 when M-grouped, and stages that fit in shared memory."""
     b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
     return (
         scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
-        and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8 and cfg.BLOCK_N in (64, 128)
+        and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
+        and cfg.BLOCK_N in ((64, 128) if token_reduction else (64, 128, 256))
+        and shared_bytes(cfg.BLOCK_N, cfg.num_stages, out.element_size()) <= SHARED_BYTES
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
         and torch.cuda.get_device_capability(a.device) == (9, 0)
         and a.dtype in _GL_FP8 and b.dtype in _GL_FP8 and a.shape[-1] > 0

@@ -1,14 +1,14 @@
 """gemm_fp8: the tunable space and the tuned table (pass/bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
-Buckets by output area (small up to 2048 x 2048), with a `/blockwise` twin: blockwise scaling keeps
-a second fp32 tile live (each K block's product before its scales), which 128x256 tiles cannot
-afford. BLOCK_K is 128: blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
+Buckets by output area (small up to 2048 x 2048), with a `/blockwise` twin. BLOCK_K is 128:
+blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
 
-On Hopper the blockwise passes under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128 run the
-warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same
-tile and warps; the wgrad as its token reduction), where 3 stages measured best for the forward
-(benchmarks/blockwise_ab.py); the rest run the Triton kernels.
+On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
+kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
+the wgrad as its token reduction, BLOCK_N <= 128); the rest run the Triton kernels. The forward and
+the dgrad take 128x256 tiles there (dense 8192^3 1.19x its 128x128, 3 stages best:
+benchmarks/blockwise_ab.py, H100 2026-11-25).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
 }

@@ -1,10 +1,9 @@
 """grouped_gemm_fp8: the tunable space and the tuned table (pass/bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
-Buckets (and their splits by layer) as in kernels/grouped_gemm/tuning.py, with a `/blockwise` twin: blockwise scaling keeps a
-second [BLOCK_M, BLOCK_N] fp32 tile live (the K block's product before its scales are applied), so
-128x256 tiles spill registers there. BLOCK_K is 128: blockwise scaling promotes once per 128-wide
-K block, and fp8 tiles want 128 bytes of K per row anyway.
+Buckets (and their splits by layer) as in kernels/grouped_gemm/tuning.py, with a `/blockwise` twin.
+BLOCK_K is 128: blockwise scaling promotes once per 128-wide K block, and fp8 tiles want 128 bytes
+of K per row anyway.
 
 The short-K wgrad buckets (`wgrad/small*`: groups under SMALL_WGRAD_TOKENS = 2048 tokens, the MoE
 training step's GPT-OSS and DeepSeek-V3 experts) run 4-warp tiles: two programs share an SM, so one's read-modify-write of a
@@ -16,10 +15,14 @@ accumulating), while at 2048 (Qwen3's 16 x 2048) the large bucket is still the b
 wgrad's boundary sits at 2048 tokens where the forward's and dgrad's (whose tokens are M, not the
 reduction) stays at grouped_gemm's 1024.
 
-On Hopper the blockwise passes under a config with BLOCK_M 128, 8 warps and BLOCK_N <= 128 run the
-warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same
-tile and warps; the wgrad as its token reduction), where 3 stages measured best for the forward
-(benchmarks/blockwise_ab.py); the rest run the Triton kernels. So the blockwise wgrad's small bucket
+On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
+kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
+the wgrad as its token reduction, BLOCK_N <= 128); the rest run the Triton kernels, whose second fp32
+tile (each K block's product before its scales) spills registers at 128x256. The forward and the
+dgrad take 128x256 tiles, which that kernel's one rescaled accumulator affords: 1.13-1.28x its
+128x128 on DeepSeek-V3's GateUP and Down and Qwen3's Down, 3 stages best (`blockwise_ab.py`, H100
+2026-11-25); the MoE loop's blockwise microbatch went 1.155 / 1.079 / 1.225x bf16 -> 1.240 / 1.177 /
+1.273x (DeepSeek-V3 / Qwen3 / GPT-OSS, same call). So the blockwise wgrad's small bucket
 is 128x128 with 8 warps, not the Triton kernel's 64x128 with 4: on the warp-specialized kernel it ran
 DeepSeek-V3's 32 x 512 and 32 x 1024 GateUP wgrads 1.09-1.22x faster, fresh and adding into a
 main_grad (`blockwise_ab.py --pass wgrad`, H100 2026-11-25).
@@ -49,10 +52,10 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
-    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
-    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
 }
