@@ -135,8 +135,8 @@ ROUTER_TOKENS = (4096, 32768)
 
 
 def router_rows(tokens: int, timer: Timer) -> list[dict[str, object]]:
-    """DeepSeek-V3's router, forward alone and forward + backward (the loss on the probabilities and both
-    auxiliary losses), against torch_route on the same bf16 logits."""
+    """DeepSeek-V3's router, forward alone and forward + backward (from upstream gradients of the
+    probabilities and both auxiliary losses), against torch_route on the same bf16 logits."""
     device = torch.device("cuda")
     config = RouterConfig.deepseek_v3()
     E, K = config.num_experts, config.topk
@@ -155,11 +155,14 @@ def router_rows(tokens: int, timer: Timer) -> list[dict[str, object]]:
         probs, _, _, aux_loss, z_loss = torch_route(logits, config, bias)
         return probs, aux_loss, z_loss
 
+    # The upstream gradients of the three outputs, as a model's loss would hand them back: the backward
+    # starts from them (the loss's own ops are the model's work, not the router's).
+    grads = (grad_probs, torch.tensor(0.01, device=device), torch.tensor(0.001, device=device))
+
     def step(forward: Callable[[], tuple[torch.Tensor, ...]]) -> Callable[[], None]:
         def run() -> None:
             logits.grad = None
-            probs, aux_loss, z_loss = forward()
-            ((probs * grad_probs).sum() + 0.01 * aux_loss + 0.001 * z_loss).backward()
+            torch.autograd.backward(forward(), grads)
         return run
 
     # forward: the logits read, probabilities and ids written; backward: the logits read, their gradient written

@@ -40,12 +40,17 @@ from kernels.common.launch import fast_launch
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCORE_FUNCS = ("softmax", "sigmoid")
-# Elements of one [tokens, experts] tile: 32 fp32 registers a thread at 4 warps for each of the few
-# tiles alive at once (logits, scores, selection scores).
+# Elements of one [tokens, experts] tile: 8 fp32 registers a thread at 16 warps for each of the few
+# tiles alive at once (logits, scores, selection scores, the counts and balance sums).
 TILE_ELEMENTS = 4096
 MAX_BLOCK_T = 64
-ROUTER_WARPS = 4
-# Forward programs at most: each writes one row of partials that the losses kernel, a single program,
+# 16 warps: at 256 experts a warp holds one token's row, so a reduction over the experts stays in its
+# warp, and the chain of dependent reductions a top-k is (one per pick) runs on 16 rows at once.
+ROUTER_WARPS = 16
+# The forward holds 92 registers a thread unbounded: one 16-warp program an SM. At 64 (8 bytes spilled)
+# two share one: DeepSeek-V3's forward at 32k tokens 94 against 101 us (H100, 2026-11-25).
+FWD_MAX_REGISTERS = 64
+# Forward programs at most: each writes one column of partials that the losses kernel, a single program,
 # reads back; 256 (about two an H100 SM) keeps that read at 512 KB for 256 experts.
 MAX_PROGRAMS = 256
 
@@ -75,43 +80,75 @@ def _load_logits(logits_ptr, rows, cols, T, E, stride_t):
 
 
 @triton.jit
-def _softmax_parts(x):
-    """softmax and logsumexp over the experts of a [BLOCK_T, E_PAD] tile."""
-    row_max = tl.max(x, axis=1)
-    ex = tl.exp(x - row_max[:, None])
-    total = tl.sum(ex, axis=1)
-    return ex / total[:, None], row_max + tl.log(total)
+def _load_logit(logits_ptr, rows, experts, T, stride_t):
+    """Each row's logit of one expert ([BLOCK_T] indices), in fp32."""
+    return tl.load(logits_ptr + rows.to(tl.int64) * stride_t + experts, mask=rows < T, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _first_max(values, index):
-    """Per row: the largest value and the smallest index holding it (ties go to the lower index)."""
-    best = tl.max(values, axis=1)
-    first = tl.min(tl.where(values == best[:, None], index[None, :], 2**30), axis=1)
-    return best, first
+def _logsumexp(x):
+    """logsumexp over the experts of a [BLOCK_T, E_PAD] tile."""
+    row_max = tl.max(x, axis=1)
+    return row_max + tl.log(tl.sum(tl.exp(x - row_max[:, None]), axis=1))
+
+
+@triton.jit
+def _score(x, lse, SIGMOID: tl.constexpr):
+    """The score of logits x (a tile, or one expert's per token) with their rows' logsumexp lse (as
+    broadcast to x): sigmoid, or softmax written as exp(x - lse), so that a chosen expert's score
+    recomputed from its logit alone goes through the same operations as the tile's."""
+    if SIGMOID:
+        return tl.sigmoid(x)
+    return tl.exp(x - lse)
+
+
+@triton.jit
+def _first_max(values):
+    """Per row: the largest value and the first column holding it (ties go to the lower index), in one
+    reduction."""
+    return tl.max(values, axis=1, return_indices=True, return_indices_tie_break_left=True)
 
 
 @triton.jit
 def _keep_best_groups(sel, cols, group_size, N_GROUP: tl.constexpr, G_PAD: tl.constexpr,
-                      TOPK_GROUP: tl.constexpr, GROUP_PICK: tl.constexpr):
+                      TOPK_GROUP: tl.constexpr, GROUP_PICK: tl.constexpr, GROUP_AXIS: tl.constexpr):
     """sel with the experts outside each token's best TOPK_GROUP groups set to -inf; a group's score is
-    the sum of its GROUP_PICK best selection scores."""
+    the sum of its GROUP_PICK best selection scores. GROUP_AXIS (the experts fill E_PAD = N_GROUP *
+    group_size, powers of two): the groups are an axis of a 3D view, so a group's picks are reductions
+    over the few lanes holding it, all groups at once; otherwise one group at a time over the whole row."""
     groups = tl.arange(0, G_PAD)
     group_of_col = cols // group_size
-    group_scores = tl.full((sel.shape[0], G_PAD), float("-inf"), tl.float32)
-    for g in tl.static_range(N_GROUP):
-        in_group = tl.where(group_of_col[None, :] == g, sel, float("-inf"))
-        score = tl.zeros((sel.shape[0],), tl.float32)
+    if GROUP_AXIS:
+        sel3 = tl.reshape(sel, (sel.shape[0], G_PAD, sel.shape[1] // G_PAD))
+        lanes = tl.arange(0, sel.shape[1] // G_PAD)
+        picks = sel3
+        group_scores = tl.zeros((sel.shape[0], G_PAD), tl.float32)
         for _ in tl.static_range(GROUP_PICK):
-            best, first = _first_max(in_group, cols)
-            score += best
-            in_group = tl.where(cols[None, :] == first[:, None], float("-inf"), in_group)
-        group_scores = tl.where(groups[None, :] == g, score[:, None], group_scores)
+            group_best, group_first = tl.max(picks, axis=2, return_indices=True, return_indices_tie_break_left=True)
+            group_scores += group_best
+            picks = tl.where(lanes[None, None, :] == group_first[:, :, None], float("-inf"), picks)
+    else:
+        group_scores = tl.full((sel.shape[0], G_PAD), float("-inf"), tl.float32)
+        for g in tl.static_range(N_GROUP):
+            in_group = tl.where(group_of_col[None, :] == g, sel, float("-inf"))
+            score = tl.zeros((sel.shape[0],), tl.float32)
+            for _ in tl.static_range(GROUP_PICK):
+                best, first = _first_max(in_group)
+                score += best
+                in_group = tl.where(cols[None, :] == first[:, None], float("-inf"), in_group)
+            group_scores = tl.where(groups[None, :] == g, score[:, None], group_scores)
+    kept = tl.zeros((sel.shape[0], G_PAD), tl.int1)
     keep = tl.zeros(sel.shape, tl.int1)
     for _ in tl.static_range(TOPK_GROUP):
-        _, chosen = _first_max(group_scores, groups)
-        group_scores = tl.where(groups[None, :] == chosen[:, None], float("-inf"), group_scores)
-        keep = keep | (group_of_col[None, :] == chosen[:, None])
+        _, chosen = _first_max(group_scores)
+        hit = groups[None, :] == chosen[:, None]
+        group_scores = tl.where(hit, float("-inf"), group_scores)
+        if GROUP_AXIS:
+            kept = kept | hit
+        else:
+            keep = keep | (group_of_col[None, :] == chosen[:, None])
+    if GROUP_AXIS:
+        return tl.reshape(tl.where(kept[:, :, None], sel3, float("-inf")), sel.shape)
     return tl.where(keep, sel, float("-inf"))
 
 
@@ -121,8 +158,8 @@ def _router_fwd_kernel(
     logits_ptr, bias_ptr, probs_ptr, ids_ptr, part_counts_ptr, part_probs_ptr, part_z_ptr,
     T, E, stride_t, group_size, blocks_per_program, scaling_factor,
     K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, N_GROUP: tl.constexpr, G_PAD: tl.constexpr,
-    TOPK_GROUP: tl.constexpr, GROUP_PICK: tl.constexpr, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr,
+    TOPK_GROUP: tl.constexpr, GROUP_PICK: tl.constexpr, GROUP_AXIS: tl.constexpr, SIGMOID: tl.constexpr,
+    RENORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """Route the tokens of `blocks_per_program` blocks of BLOCK_T; write the probabilities and ids
     [T, K] and this program's partials: tokens per expert, sum of the balancing probabilities per
@@ -133,46 +170,48 @@ def _router_fwd_kernel(
     ks = tl.arange(0, K_PAD)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    counts = tl.zeros((E_PAD,), tl.int32)
-    prob_sums = tl.zeros((E_PAD,), tl.float32)
+    # Summed over the program's tokens elementwise, reduced over them once at the end: a reduction
+    # across the tile's rows crosses warps.
+    count_tile = tl.zeros((BLOCK_T, E_PAD), tl.int32)
+    balance_tile = tl.zeros((BLOCK_T, E_PAD), tl.float32)
     z_sums = tl.zeros((BLOCK_T,), tl.float32)
     for b in range(blocks_per_program):
         rows = (pid * blocks_per_program + b) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = rows < T
         x = _load_logits(logits_ptr, rows, cols, T, E, stride_t)
-        softmax, lse = _softmax_parts(x)
+        lse = _logsumexp(x)
         z_sums += tl.where(row_ok, lse * lse, 0.0)
-        if SIGMOID:
-            scores = tl.sigmoid(x)
-            balance = scores / _renorm_total(scores)[:, None]
-        else:
-            scores = softmax
-            balance = softmax
-        prob_sums += tl.sum(tl.where(row_ok[:, None], balance, 0.0), axis=0)
+        scores = _score(x, lse[:, None], SIGMOID)
+        balance = scores / _renorm_total(scores)[:, None] if SIGMOID else scores
+        balance_tile += tl.where(row_ok[:, None], balance, 0.0)
         sel = scores
         if HAS_BIAS:
             sel = sel + bias[None, :]
         sel = tl.where(col_ok[None, :], sel, float("-inf"))
         if N_GROUP > 1:
-            sel = _keep_best_groups(sel, cols, group_size, N_GROUP, G_PAD, TOPK_GROUP, GROUP_PICK)
-        weights = tl.zeros((BLOCK_T, K_PAD), tl.float32)
+            sel = _keep_best_groups(sel, cols, group_size, N_GROUP, G_PAD, TOPK_GROUP, GROUP_PICK, GROUP_AXIS)
         ids = tl.zeros((BLOCK_T, K_PAD), tl.int32)
         for k in tl.static_range(K):
-            _, expert = _first_max(sel, cols)
+            _, expert = _first_max(sel)
             chosen = cols[None, :] == expert[:, None]
-            weight = tl.sum(tl.where(chosen, scores, 0.0), axis=1)
             sel = tl.where(chosen, float("-inf"), sel)
-            weights = tl.where(ks[None, :] == k, weight[:, None], weights)
             ids = tl.where(ks[None, :] == k, expert[:, None], ids)
-            counts += tl.sum((chosen & row_ok[:, None]).to(tl.int32), axis=0)
-        if RENORMALIZE:
-            weights = weights / _renorm_total(weights)[:, None]
+            count_tile += (chosen & row_ok[:, None]).to(tl.int32)
         pairs = rows.to(tl.int64)[:, None] * K + ks[None, :]
         pair_mask = row_ok[:, None] & (ks < K)[None, :]
+        # The chosen scores from their logits (cached loads) rather than a reduction of the tile per pick;
+        # -inf where there is no pick scores 0.
+        chosen_x = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_t + ids, mask=pair_mask,
+                           other=float("-inf")).to(tl.float32)
+        weights = _score(chosen_x, lse[:, None], SIGMOID)
+        if RENORMALIZE:
+            weights = weights / _renorm_total(weights)[:, None]
         tl.store(probs_ptr + pairs, weights * scaling_factor, mask=pair_mask)
         tl.store(ids_ptr + pairs, ids, mask=pair_mask)
-    tl.store(part_counts_ptr + pid * E + cols, counts, mask=col_ok)
-    tl.store(part_probs_ptr + pid * E + cols, prob_sums, mask=col_ok)
+    # One column of the [E, programs] partials: the losses kernel sums each expert's along its row.
+    programs = tl.num_programs(0)
+    tl.store(part_counts_ptr + cols * programs + pid, tl.sum(count_tile, axis=0), mask=col_ok)
+    tl.store(part_probs_ptr + cols * programs + pid, tl.sum(balance_tile, axis=0), mask=col_ok)
     tl.store(part_z_ptr + pid, tl.sum(z_sums, axis=0))
 
 
@@ -180,8 +219,9 @@ def _router_fwd_kernel(
 @triton.jit
 def _router_losses_kernel(part_counts_ptr, part_probs_ptr, part_z_ptr, counts_ptr, aux_ptr, z_ptr,
                           n_parts, E, balance_scale, inv_tokens, E_PAD: tl.constexpr, BLOCK_P: tl.constexpr):
-    """One program: the partials summed over the forward's programs, in a fixed order; counts [E] int64,
-    aux = balance_scale * sum_e counts_e * probs_e, z = inv_tokens * sum of logsumexp^2."""
+    """One program: the partials ([E, n_parts] each, an expert's contiguous) summed over the forward's
+    programs, in a fixed order and along the tiles' contiguous dimension (within a warp); counts [E]
+    int64, aux = balance_scale * sum_e counts_e * probs_e, z = inv_tokens * sum of logsumexp^2."""
     cols = tl.arange(0, E_PAD)
     col_ok = cols < E
     counts = tl.zeros((E_PAD,), tl.int32)
@@ -190,10 +230,10 @@ def _router_losses_kernel(part_counts_ptr, part_probs_ptr, part_z_ptr, counts_pt
     for p0 in range(0, n_parts, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         part_ok = parts < n_parts
-        offsets = parts[:, None] * E + cols[None, :]
-        mask = part_ok[:, None] & col_ok[None, :]
-        counts += tl.sum(tl.load(part_counts_ptr + offsets, mask=mask, other=0), axis=0)
-        prob_sums += tl.sum(tl.load(part_probs_ptr + offsets, mask=mask, other=0.0), axis=0)
+        offsets = cols[:, None] * n_parts + parts[None, :]
+        mask = col_ok[:, None] & part_ok[None, :]
+        counts += tl.sum(tl.load(part_counts_ptr + offsets, mask=mask, other=0), axis=1)
+        prob_sums += tl.sum(tl.load(part_probs_ptr + offsets, mask=mask, other=0.0), axis=1)
         z_sums += tl.load(part_z_ptr + parts, mask=part_ok, other=0.0)
     tl.store(counts_ptr + cols, counts.to(tl.int64), mask=col_ok)
     tl.store(aux_ptr, balance_scale * tl.sum(counts.to(tl.float32) * prob_sums, axis=0))
@@ -205,7 +245,7 @@ def _router_losses_kernel(part_counts_ptr, part_probs_ptr, part_z_ptr, counts_pt
 def _router_bwd_kernel(
     logits_ptr, ids_ptr, grad_probs_ptr, counts_ptr, grad_aux_ptr, grad_z_ptr, grad_logits_ptr,
     T, E, stride_t, stride_grad, balance_scale, z_scale, scaling_factor,
-    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
+    K: tl.constexpr, E_PAD: tl.constexpr, SIGMOID: tl.constexpr,
     RENORMALIZE: tl.constexpr, HAS_GRAD_PROBS: tl.constexpr, HAS_AUX: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
@@ -216,29 +256,29 @@ def _router_bwd_kernel(
     row_ok = rows < T
     cols = tl.arange(0, E_PAD)
     x = _load_logits(logits_ptr, rows, cols, T, E, stride_t)
-    softmax, lse = _softmax_parts(x)
+    lse = _logsumexp(x)
+    softmax = _score(x, lse[:, None], False)
     scores = tl.sigmoid(x) if SIGMOID else softmax
     grad_scores = tl.zeros((BLOCK_T, E_PAD), tl.float32)
     if HAS_GRAD_PROBS:
-        ks = tl.arange(0, K_PAD)
-        pairs = rows.to(tl.int64)[:, None] * K + ks[None, :]
-        pair_mask = row_ok[:, None] & (ks < K)[None, :]
-        ids = tl.load(ids_ptr + pairs, mask=pair_mask, other=0)
-        grad = tl.load(grad_probs_ptr + pairs, mask=pair_mask, other=0.0).to(tl.float32) * scaling_factor
-        if RENORMALIZE:
-            # the chosen scores again, gathered from the tile (the ids are in [0, E) by construction)
-            weights = tl.zeros((BLOCK_T, K_PAD), tl.float32)
+        # Each pick's id and gradient loaded per row (no [BLOCK_T, topk] tile to take apart), its score
+        # recomputed from its logit; the ids are in [0, E) by construction.
+        pairs = rows.to(tl.int64) * K
+        if RENORMALIZE:  # p_k = w_k / S: dL/dw_j = g_j / S - sum_k g_k w_k / S^2
+            total = tl.zeros((BLOCK_T,), tl.float32)
+            dot = tl.zeros((BLOCK_T,), tl.float32)
             for k in tl.static_range(K):
-                expert = tl.sum(tl.where(ks[None, :] == k, ids, 0), axis=1)
-                weight = tl.sum(tl.where(cols[None, :] == expert[:, None], scores, 0.0), axis=1)
-                weights = tl.where(ks[None, :] == k, weight[:, None], weights)
-            total = _renorm_total(weights)
-            # p_k = w_k / S: dL/dw_j = g_j / S - sum_k g_k w_k / S^2
-            grad = (grad - tl.sum(grad * weights, axis=1)[:, None] / total[:, None]) / total[:, None]
+                expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0)
+                weight = _score(_load_logit(logits_ptr, rows, expert, T, stride_t), lse, SIGMOID)
+                total += weight
+                dot += tl.load(grad_probs_ptr + pairs + k, mask=row_ok, other=0.0).to(tl.float32) * weight
+            total += 1e-20  # RENORM_EPS, as the forward's _renorm_total adds it
         for k in tl.static_range(K):
-            expert = tl.sum(tl.where(ks[None, :] == k, ids, 0), axis=1)
-            grad_k = tl.sum(tl.where(ks[None, :] == k, grad, 0.0), axis=1)
-            grad_scores += tl.where(cols[None, :] == expert[:, None], grad_k[:, None], 0.0)
+            expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0)
+            grad_k = tl.load(grad_probs_ptr + pairs + k, mask=row_ok, other=0.0).to(tl.float32)
+            if RENORMALIZE:
+                grad_k = (grad_k - dot / total) / total
+            grad_scores += tl.where(cols[None, :] == expert[:, None], (grad_k * scaling_factor)[:, None], 0.0)
     if HAS_AUX:
         counts = tl.load(counts_ptr + cols, mask=cols < E, other=0).to(tl.float32)
         grad_balance = (tl.load(grad_aux_ptr).to(tl.float32) * balance_scale) * counts[None, :]
@@ -332,8 +372,8 @@ def router_forward(
     if probs is None:
         probs = torch.empty((T, K), dtype=torch.float32, device=device)
     ids = torch.empty((T, K), dtype=torch.int32, device=device)
-    part_counts = torch.empty((programs, E), dtype=torch.int32, device=device)
-    part_probs = torch.empty((programs, E), dtype=torch.float32, device=device)
+    part_counts = torch.empty((E, programs), dtype=torch.int32, device=device)
+    part_probs = torch.empty((E, programs), dtype=torch.float32, device=device)
     part_z = torch.empty(programs, dtype=torch.float32, device=device)
     counts = torch.empty(E, dtype=torch.int64, device=device)
     if aux_loss is None:
@@ -345,12 +385,13 @@ def router_forward(
         T, E, logits.stride(0), E // config.n_group, blocks_per_program, config.scaling_factor,
         K=K, K_PAD=triton.next_power_of_2(K), E_PAD=e_pad, N_GROUP=config.n_group,
         G_PAD=triton.next_power_of_2(config.n_group), TOPK_GROUP=config.topk_group, GROUP_PICK=config.group_pick,
+        GROUP_AXIS=e_pad == E and config.n_group == triton.next_power_of_2(config.n_group),
         SIGMOID=config.score_func == "sigmoid", RENORMALIZE=config.renormalize, HAS_BIAS=expert_bias is not None,
-        BLOCK_T=block_t, num_warps=ROUTER_WARPS,
+        BLOCK_T=block_t, num_warps=ROUTER_WARPS, maxnreg=FWD_MAX_REGISTERS,
     )
     _router_losses_kernel[(1,)](
         part_counts, part_probs, part_z, counts, aux_loss, z_loss, programs, E, config.balance_scale(T),
-        1.0 / T, E_PAD=e_pad, BLOCK_P=max(1, min(64, TILE_ELEMENTS * 2 // e_pad)), num_warps=8,
+        1.0 / T, E_PAD=e_pad, BLOCK_P=max(1, min(MAX_PROGRAMS, TILE_ELEMENTS * 4 // e_pad)), num_warps=16,
     )
     return probs, ids, counts, aux_loss, z_loss
 
@@ -371,7 +412,7 @@ def router_backward(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tenso
         logits, ids, grad_probs if grad_probs is not None else logits, counts,
         grad_aux if grad_aux is not None else logits, grad_z if grad_z is not None else logits, grad_logits,
         T, E, logits.stride(0), grad_logits.stride(0), config.balance_scale(T), 2.0 / T, config.scaling_factor,
-        K=config.topk, K_PAD=triton.next_power_of_2(config.topk), E_PAD=e_pad,
+        K=config.topk, E_PAD=e_pad,
         SIGMOID=config.score_func == "sigmoid", RENORMALIZE=config.renormalize,
         HAS_GRAD_PROBS=grad_probs is not None, HAS_AUX=grad_aux is not None, HAS_Z=grad_z is not None,
         BLOCK_T=block_t, num_warps=ROUTER_WARPS,
