@@ -2,9 +2,10 @@
 
 The forward (`--pass fwd`): both kernels on the same quantized operands (1x128 activations, 128x128
 weights) at the acceptance shapes, the dense 8192^3 (issue 6) and DeepSeek-V3 GateUP, 8 experts x
-4096 tokens (N 4096, K 7168; issue 3), and two short-K Downs (K 2048 and 1536), the warp-specialized
-kernel on 128x128 and 128x256 tiles (`--block-n`). The wgrad (`--pass wgrad`, issue 15): the token reduction of
-both operands quantized 1x128 along the tokens, dense 8192^3 and DeepSeek-V3 GateUP's 32 experts at
+4096 tokens (N 4096, K 7168; issue 3), two short-K Downs (K 2048 and 1536) and two dense GEMMs of the
+small bucket, the warp-specialized kernel on 128x128 and 128x256 tiles (`--block-n`). The wgrad
+(`--pass wgrad`, issue 15): the token reduction of both operands quantized 1x128 along the tokens,
+dense 8192^3 and DeepSeek-V3 GateUP's 32 experts at
 512 and 1024 tokens each, writing a fresh gradient and adding into a bf16 main_grad, against the
 Triton kernels under the tuned table's config and the same 128x128 tile. Each round times every
 variant once, back to back, so all see the same GPU state; the rounds' median is the sustained
@@ -36,7 +37,10 @@ from kernels.grouped_gemm_fp8.tuning import config_for as grouped_config_for
 
 SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4096, 4096, 7168),
           # the short-K forwards, where a tile's epilogue weighs most
-          "DSv3 Down 8x4096": (8, 8 * 4096, 7168, 2048), "Qwen3 Down 16x2048": (16, 16 * 2048, 4096, 1536)}
+          "DSv3 Down 8x4096": (8, 8 * 4096, 7168, 2048), "Qwen3 Down 16x2048": (16, 16 * 2048, 4096, 1536),
+          # the small buckets: grouped, under 1024 tokens an expert; dense, outputs up to 2048 x 2048
+          "DSv3 GateUP 32x512": (32, 32 * 512, 4096, 7168),
+          "dense 1024x2048x4096": (1, 1024, 2048, 4096), "dense 2048x2048x8192": (1, 2048, 2048, 8192)}
 # (groups, tokens, P, Q): out [G, P, Q] = grad_out^T @ x over each group's tokens
 WGRAD_SHAPES = {"dense wgrad 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP wgrad 32x512": (32, 32 * 512, 4096, 7168),
                 "DSv3 GateUP wgrad 32x1024": (32, 32 * 1024, 4096, 7168)}

@@ -16,16 +16,17 @@ wgrad's boundary sits at 2048 tokens where the forward's and dgrad's (whose toke
 reduction) stays at grouped_gemm's 1024.
 
 On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
-kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
-the wgrad as its token reduction, BLOCK_N <= 128); the rest run the Triton kernels, whose second fp32
-tile (each K block's product before its scales) spills registers at 128x256. The forward and the
-dgrad take 128x256 tiles, which that kernel's one rescaled accumulator affords: 1.13-1.28x its
-128x128 on DeepSeek-V3's GateUP and Down and Qwen3's Down, 3 stages best (`blockwise_ab.py`, H100
-2026-11-25); the MoE loop's blockwise microbatch went 1.155 / 1.079 / 1.225x bf16 -> 1.240 / 1.177 /
-1.273x (DeepSeek-V3 / Qwen3 / GPT-OSS, same call). So the blockwise wgrad's small bucket
-is 128x128 with 8 warps, not the Triton kernel's 64x128 with 4: on the warp-specialized kernel it ran
-DeepSeek-V3's 32 x 512 and 32 x 1024 GateUP wgrads 1.09-1.22x faster, fresh and adding into a
-main_grad (`blockwise_ab.py --pass wgrad`, H100 2026-11-25).
+kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps);
+the rest run the Triton kernels, whose second fp32 tile (each K block's product before its scales)
+spills registers at 128x256. The forward and the dgrad take 128x256 tiles, which that kernel's one
+rescaled accumulator affords: 1.13-1.28x its 128x128 on DeepSeek-V3's GateUP and Down and Qwen3's
+Down, 3 stages best, also in the small buckets (DeepSeek-V3's GateUP at 32 x 512 tokens: 1035 TFLOPS
+against 970 at 4 stages and 907 on 128x128; `blockwise_ab.py`, H100 2026-11-25); the MoE loop's
+blockwise microbatch went 1.155 / 1.079 / 1.225x bf16 -> 1.240 / 1.177 / 1.273x (DeepSeek-V3 / Qwen3 /
+GPT-OSS, same call). The wgrad runs as the kernel's token reduction, at BLOCK_N <= 128: its small
+bucket is 128x128 with 8 warps, not the Triton kernel's 64x128 with 4, which ran DeepSeek-V3's 32 x 512
+and 32 x 1024 GateUP wgrads 1.09-1.22x slower, fresh and adding into a main_grad (`blockwise_ab.py
+--pass wgrad`, H100 2026-11-25).
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
