@@ -43,7 +43,10 @@ SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4
           "dense 1024x2048x4096": (1, 1024, 2048, 4096), "dense 2048x2048x8192": (1, 2048, 2048, 8192)}
 # (groups, tokens, P, Q): out [G, P, Q] = grad_out^T @ x over each group's tokens
 WGRAD_SHAPES = {"dense wgrad 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP wgrad 32x512": (32, 32 * 512, 4096, 7168),
-                "DSv3 GateUP wgrad 32x1024": (32, 32 * 1024, 4096, 7168)}
+                "DSv3 GateUP wgrad 32x1024": (32, 32 * 1024, 4096, 7168),
+                # Qwen3-235B's 2048-token experts: the large wgrad bucket
+                "Qwen3 GateUP wgrad 16x2048": (16, 16 * 2048, 3072, 4096),
+                "Qwen3 Down wgrad 16x2048": (16, 16 * 2048, 4096, 1536)}
 TRITON_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)  # the Triton kernel's best (docs/performance.md)
 
 
