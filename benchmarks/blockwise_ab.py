@@ -68,7 +68,7 @@ def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[i
         for s in stages:
             for gm in group_ms:
                 cfg = TileConfig(128, block_n, 128, gm, 8, s)
-                if blockwise_ws.shared_bytes(block_n, s, out.element_size()) > blockwise_ws.SHARED_BYTES:
+                if not blockwise_ws.fits(block_n, s, out.element_size()):
                     continue  # 128x256 tiles fit 4 stages at most
                 if not blockwise_ws.supported(xq, wq, out, scales, cfg):
                     raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")

@@ -2,6 +2,7 @@
 M-grouped (the forward and the dgrad) and the token reduction (the wgrad), dense and grouped (skewed,
 empty groups, ragged edges), mixed FP8 formats, writing fresh outputs and adding into them."""
 
+import dataclasses
 import itertools
 import json
 import os
@@ -24,7 +25,8 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 def test_takes_hopper_and_its_scale_layouts_only(device):
     """Elsewhere (the interpreter, other GPUs) blockwise GEMMs stay on the Triton kernel; on Hopper the
-    M-grouped launch takes 128x128 weight blocks and the token reduction per-row ones, not the other's."""
+    M-grouped launch takes 128x128 weight blocks and the token reduction per-row ones, not the other's,
+    and only tiles that fit."""
     a = torch.randn(256, 256, device=device).to(E4M3)
     b = torch.randn(1, 256, 256, device=device).to(E4M3)
     out = torch.empty(256, 256, device=device)
@@ -35,8 +37,18 @@ def test_takes_hopper_and_its_scale_layouts_only(device):
     assert blockwise_ws.supported(a, b, out, scales, cfg) == hopper
     per_column = Scales(scales.a, scales.a_strides, torch.ones(256, 2, device=device), (0, 2, 1), per_k_block=True)
     assert not blockwise_ws.supported(a, b, out, per_column, cfg)
-    assert blockwise_ws.supported(a, b[0], out, per_column, cfg, token_reduction=True) == hopper
-    assert not blockwise_ws.supported(a, b[0], out, scales, cfg, token_reduction=True)
+    narrow, wide = TileConfig(128, 128, 128, 8, 8, 4), TileConfig(128, 256, 128, 8, 8, 4)
+    assert blockwise_ws.supported(a, b[0], out, per_column, narrow, token_reduction=True) == hopper
+    assert not blockwise_ws.supported(a, b[0], out, scales, narrow, token_reduction=True)
+    # 128x256: M-grouped into bf16 up to 4 stages (an fp32 output tile takes twice the shared memory),
+    # not the token reduction (per-column scales)
+    out16 = out.to(torch.bfloat16)
+    assert blockwise_ws.supported(a, b, out16, scales, wide) == hopper
+    assert not blockwise_ws.supported(a, b, out16, scales, dataclasses.replace(wide, num_stages=5))
+    assert not blockwise_ws.supported(a, b, out, scales, wide)
+    assert not blockwise_ws.supported(a, b[0], out, per_column, wide, token_reduction=True)
+    # where the Triton kernels run instead, the table's 256-wide tile narrows to theirs
+    assert blockwise_ws.triton_tile(wide) == narrow and blockwise_ws.triton_tile(narrow) is narrow
 
 
 def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
@@ -57,7 +69,7 @@ def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
         assert (report["spill_bytes"], report["wgmma_serialized"]) == (0, 0), report
         # `supported` bounds the kernel's shared memory from above, and 128x256 tiles 4 deep fit an H100
         assert report["shared_bytes"] <= blockwise_ws.shared_bytes(block_n, 4, out_bytes), report
-    assert blockwise_ws.shared_bytes(256, 4, 2) <= blockwise_ws.SHARED_BYTES < blockwise_ws.shared_bytes(256, 5, 2)
+    assert blockwise_ws.fits(256, 4, 2) and not blockwise_ws.fits(256, 5, 2)
 
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, row_block: int) -> torch.Tensor:

@@ -35,13 +35,15 @@ when this kernel can take a launch.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.common.device import cdiv, interpreter_mode, persistent_programs
+from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, persistent_programs
 from kernels.common.launch import fast_launch
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
@@ -292,15 +294,28 @@ def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
     return rows if tma_layout(rows) is True else None
 
 
-# Shared memory an H100 CTA may take (227 KB).
-SHARED_BYTES = 227 * 1024
-
-
 def shared_bytes(block_n: int, stages: int, out_element_size: int) -> int:
     """An upper bound of the shared memory a launch takes (tests/hopper_compile.py checks it against the
     compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each),
     one consumer's output tile, through which the epilogue changes layout, and 1 KB for the barriers."""
     return stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * block_n * out_element_size + 1024
+
+
+def fits(block_n: int, stages: int, out_element_size: int) -> bool:
+    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most)."""
+    return shared_bytes(block_n, stages, out_element_size) <= SHARED_MEMORY_BYTES
+
+
+TRITON_MAX_BLOCK_N = 128
+
+
+def triton_tile(cfg: TileConfig) -> TileConfig:
+    """A blockwise config for the Triton kernels, where this kernel does not run (other GPUs, the
+    interpreter): they keep each K block's product in a second fp32 tile, which spills registers at 256
+    wide, so the tables' 128x256 (this kernel's) narrows to 128x128 there."""
+    if cfg.BLOCK_N > TRITON_MAX_BLOCK_N:
+        return replace(cfg, BLOCK_N=TRITON_MAX_BLOCK_N)
+    return cfg
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
@@ -315,7 +330,7 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
         scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in ((64, 128) if token_reduction else (64, 128, 256))
-        and shared_bytes(cfg.BLOCK_N, cfg.num_stages, out.element_size()) <= SHARED_BYTES
+        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size())
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
         and torch.cuda.get_device_capability(a.device) == (9, 0)
         and a.dtype in _GL_FP8 and b.dtype in _GL_FP8 and a.shape[-1] > 0

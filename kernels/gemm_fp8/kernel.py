@@ -116,6 +116,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     # grouped kernel, whose epilogue works in registers.
     if not accumulate and blockwise_ws.supported(a, b[None], out, scales, cfg):
         return blockwise_ws.blockwise_mm(a, b[None], out, scales, cfg)
+    if scales.per_k_block:
+        cfg = blockwise_ws.triton_tile(cfg)
     if not accumulate and tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:
         return launch_tma(a, b.t(), out, cfg, scales)
     one_group = torch.arange(2, device=a.device, dtype=torch.int64) * M

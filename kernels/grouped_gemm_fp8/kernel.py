@@ -206,7 +206,7 @@ def m_grouped_fp8(
     if blockwise_ws.supported(xq, weight.data, out, scales, cfg):
         blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs)
     else:
-        grouped_mm(xq, weight.data, offs, out, cfg, scales)
+        grouped_mm(xq, weight.data, offs, out, blockwise_ws.triton_tile(cfg) if scales.per_k_block else cfg, scales)
 
 
 def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:
