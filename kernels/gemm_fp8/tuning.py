@@ -7,8 +7,9 @@ blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
 On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
 kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
 the wgrad as its token reduction, BLOCK_N <= 128); the rest run the Triton kernels. The forward and
-the dgrad take 128x256 tiles there (dense 8192^3 1.19x its 128x128, 3 stages best:
-benchmarks/blockwise_ab.py, H100 2026-11-25).
+the dgrad take 128x256 tiles there (dense 8192^3 1.19x its 128x128, 3 stages best; at 2048 x 2048 x
+8192, the small bucket, 434 TFLOPS against 389 on 128x128, 3 and 4 stages alike, and 3 leave room for a
+TMA-store epilogue in `fits`: benchmarks/blockwise_ab.py, H100 2026-11-25).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
     "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},

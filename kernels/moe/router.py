@@ -262,19 +262,19 @@ def _router_bwd_kernel(
     grad_scores = tl.zeros((BLOCK_T, E_PAD), tl.float32)
     if HAS_GRAD_PROBS:
         # Each pick's id and gradient loaded per row (no [BLOCK_T, topk] tile to take apart), its score
-        # recomputed from its logit; the ids are in [0, E) by construction.
+        # recomputed from its logit; the ids are in [0, E) by construction, of any numeric dtype.
         pairs = rows.to(tl.int64) * K
         if RENORMALIZE:  # p_k = w_k / S: dL/dw_j = g_j / S - sum_k g_k w_k / S^2
             total = tl.zeros((BLOCK_T,), tl.float32)
             dot = tl.zeros((BLOCK_T,), tl.float32)
             for k in tl.static_range(K):
-                expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0)
+                expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0).to(tl.int32)
                 weight = _score(_load_logit(logits_ptr, rows, expert, T, stride_t), lse, SIGMOID)
                 total += weight
                 dot += tl.load(grad_probs_ptr + pairs + k, mask=row_ok, other=0.0).to(tl.float32) * weight
             total += 1e-20  # RENORM_EPS, as the forward's _renorm_total adds it
         for k in tl.static_range(K):
-            expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0)
+            expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0).to(tl.int32)
             grad_k = tl.load(grad_probs_ptr + pairs + k, mask=row_ok, other=0.0).to(tl.float32)
             if RENORMALIZE:
                 grad_k = (grad_k - dot / total) / total

@@ -329,7 +329,7 @@ def router_inputs(problem: Problem) -> Tensors:
     inputs["grad_z"] = torch.rand((), generator=g, device=problem.device)
     bias = inputs.get("expert_bias")
     _, ids, counts, _, _ = torch_route(inputs["logits"].double(), config, bias.double() if bias is not None else None)
-    # float32: the backward kernel compares them with its expert columns and scales by the counts either way
+    # float32: the backward kernel reads ids of any numeric dtype (as int32) and scales by the counts either way
     inputs["chosen_ids"], inputs["chosen_counts"] = ids.float(), counts.float()
     return inputs
 
