@@ -80,9 +80,10 @@ def _load_logits(logits_ptr, rows, cols, T, E, stride_t):
 
 
 @triton.jit
-def _load_logit(logits_ptr, rows, experts, T, stride_t):
-    """Each row's logit of one expert ([BLOCK_T] indices), in fp32."""
-    return tl.load(logits_ptr + rows.to(tl.int64) * stride_t + experts, mask=rows < T, other=0.0).to(tl.float32)
+def _logits_at(logits_ptr, rows, experts, mask, other, stride_t):
+    """The logits of chosen experts in fp32: rows shaped to broadcast against experts (one expert per
+    row, or a [BLOCK_T, K_PAD] tile of them)."""
+    return tl.load(logits_ptr + rows.to(tl.int64) * stride_t + experts, mask=mask, other=other).to(tl.float32)
 
 
 @triton.jit
@@ -201,8 +202,7 @@ def _router_fwd_kernel(
         pair_mask = row_ok[:, None] & (ks < K)[None, :]
         # The chosen scores from their logits (cached loads) rather than a reduction of the tile per pick;
         # -inf where there is no pick scores 0.
-        chosen_x = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_t + ids, mask=pair_mask,
-                           other=float("-inf")).to(tl.float32)
+        chosen_x = _logits_at(logits_ptr, rows[:, None], ids, pair_mask, float("-inf"), stride_t)
         weights = _score(chosen_x, lse[:, None], SIGMOID)
         if RENORMALIZE:
             weights = weights / _renorm_total(weights)[:, None]
@@ -269,7 +269,7 @@ def _router_bwd_kernel(
             dot = tl.zeros((BLOCK_T,), tl.float32)
             for k in tl.static_range(K):
                 expert = tl.load(ids_ptr + pairs + k, mask=row_ok, other=0).to(tl.int32)
-                weight = _score(_load_logit(logits_ptr, rows, expert, T, stride_t), lse, SIGMOID)
+                weight = _score(_logits_at(logits_ptr, rows, expert, row_ok, 0.0, stride_t), lse, SIGMOID)
                 total += weight
                 dot += tl.load(grad_probs_ptr + pairs + k, mask=row_ok, other=0.0).to(tl.float32) * weight
             total += 1e-20  # RENORM_EPS, as the forward's _renorm_total adds it
