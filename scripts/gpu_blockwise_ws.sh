@@ -10,14 +10,17 @@
 #                                       # MoE loop (8 microbatches), blockwise and rowwise
 # Results land in $OUT/results.tgz.
 source "$(dirname "$0")/gpu_env.sh"
+moe_loop() {  # moe_loop LIMIT: the MoE training loop (8 microbatches), rowwise and blockwise
+  step moe-acc8 "$1" python3 benchmarks/training_step.py --suite moe --accumulate 8 --steps 4 --no-torchao \
+    --variants e4m3-rowwise e4m3-blockwise --csv "$WORK/moe_acc8.csv"
+}
 if [ "${1:-check}" = wide ]; then
   install_wheels
   step gpu-tests 200 python3 -m pytest -m gpu -q tests/test_blockwise_ws.py tests/test_gemm_fp8.py \
     tests/test_grouped_gemm.py -k "blockwise or ws or token or compiles or matches or zero"
   step fwd-ab 150 python3 benchmarks/blockwise_ab.py --rounds 3 --stages 3 4 --group-m 8 --block-n 128 256 \
     --csv "$WORK/fwd-ab.csv"
-  step moe-acc8 150 python3 benchmarks/training_step.py --suite moe --accumulate 8 --steps 4 --no-torchao \
-    --variants e4m3-rowwise e4m3-blockwise --csv "$WORK/moe_acc8.csv"
+  moe_loop 150
   exit 0
 fi
 if [ "${1:-check}" = wgrad ]; then
@@ -27,8 +30,7 @@ if [ "${1:-check}" = wgrad ]; then
   step fwd-ab 150 python3 benchmarks/blockwise_ab.py --rounds 3 --stages 3 4 5 --group-m 8 --csv "$WORK/fwd-ab.csv"
   step wgrad-ab 150 python3 benchmarks/blockwise_ab.py --pass wgrad --rounds 3 --stages 3 4 5 --group-m 8 \
     --csv "$WORK/wgrad-ab.csv"
-  step moe-acc8 200 python3 benchmarks/training_step.py --suite moe --accumulate 8 --steps 4 --no-torchao \
-    --variants e4m3-rowwise e4m3-blockwise --csv "$WORK/moe_acc8.csv"
+  moe_loop 200
   exit 0
 fi
 if [ "${1:-check}" = steps ]; then
