@@ -11,10 +11,11 @@ a bf16 main_grad buffer (`main_grad=`, zeroed at the first microbatch) where aut
 separate copy of the gradient. Times are per microbatch. bf16 and torchao run the same loop,
 autograd accumulating their .grad (torchao quantizes its weights in every microbatch).
 
-With `--graph`, each implementation's layer goes through torch.cuda.make_graphed_callables, as a
-training loop that graphs its layers runs them (TransformerEngine's and Megatron's CUDA-graph modes):
-its forward and its backward are one graph replay each, the inputs copied into static buffers. That
-times the GPU work of a step without the host's launch work; eager is what a loop without graphs sees.
+With `--graph`, each implementation's whole microbatch (forward, backward, gradient accumulation, and
+at the first microbatch of an optimizer step the gradients' clearing and the weights' quantization) is
+captured in CUDA graphs and replayed, the router's outcome copied into static inputs first: a loop with
+full-iteration graphs (Megatron's, torch.compile's reduce-overhead) runs it so, with a few launches of
+host work a microbatch. Eager is what a loop without graphs sees.
 
 - dense: a Linear layer, y = x @ W^T, on the llama3 presets (QKV / O / gate_up / down / lm_head).
 - moe: an expert MLP, GateUP -> SwiGLU -> Down as grouped GEMMs, the routed tokens split over the local
@@ -24,7 +25,7 @@ times the GPU work of a step without the host's launch work; eager is what a loo
     python3 benchmarks/training_step.py --suite dense --shapes llama3 --csv dense.csv
     python3 benchmarks/training_step.py --suite moe --csv moe.csv
     python3 benchmarks/training_step.py --suite moe --accumulate 8 --csv moe_acc8.csv
-    python3 benchmarks/training_step.py --suite dense --shapes llama3-8b --graph --csv dense_graph.csv
+    python3 benchmarks/training_step.py --suite dense --shapes llama3-8b --graph --accumulate 8 --csv dense_graph.csv
 """
 
 from __future__ import annotations
@@ -196,42 +197,67 @@ class Accumulation:
 Layer = Callable[..., torch.Tensor]
 
 
-class _Graphed:
-    """A layer captured by torch.cuda.make_graphed_callables on its first call, forward and backward
-    each one CUDA-graph replay from then on (its inputs copied into the graph's static buffers): the
-    step as a loop that graphs its layers runs it, without the host's per-kernel launch work."""
+def captured(body: Step, microbatches: int, refill: Callable[[int], None]) -> Step:
+    """`body` (a microbatch reading static inputs) as a loop that captures its whole microbatch in CUDA
+    graphs runs it (full-iteration graphs, as Megatron's and torch.compile's reduce-overhead): one graph
+    for the first microbatch of an optimizer step (it clears the gradients, zeroes the main_grads and
+    quantizes the weights), one for the others; each call copies the router's outcome into the static
+    inputs (`refill`) and replays one graph. Captured on the first call, after a warm-up on a side stream
+    that compiles every kernel, so that a step that cannot be captured fails where run_suite catches it."""
+    graphs: list[torch.cuda.CUDAGraph] = []
+    outputs: list[dict[str, torch.Tensor]] = []
 
-    def __init__(self, layer: Layer, weights: list[torch.Tensor]):
-        self.module = torch.nn.Module()
-        self.module.weights = torch.nn.ParameterList(weights)  # registered: the backward graph makes their grads
-        self.module.forward = lambda *inputs: layer(*inputs)  # a layer that is a Module stays unregistered
-        self.replay: Layer | None = None
+    def capture() -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(2 * microbatches):
+                body(i)
+        torch.cuda.current_stream().wait_stream(side)
+        for i in range(min(microbatches, 2)):  # i = 0: the first microbatch; i = 1: the others
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs.append(body(i))
+            graphs.append(graph)
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        if self.replay is None:
-            sample = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
-            self.replay = torch.cuda.make_graphed_callables(self.module, sample)
-        return self.replay(*inputs)
+    def step(i: int) -> dict[str, torch.Tensor]:
+        if not graphs:
+            capture()
+        refill(i)
+        which = 0 if i % microbatches == 0 else 1
+        graphs[which].replay()
+        return outputs[which]
+
+    return step
 
 
 def steps_of(
     layers: dict[str, tuple[Layer, Accumulation]], x: torch.Tensor, grad: torch.Tensor,
     draw_inputs: Callable[[str, int], tuple[torch.Tensor, ...]], grad_names: list[str], graph: bool,
 ) -> dict[str, Step]:
-    """Each implementation's microbatch: its layer (captured in CUDA graphs if `graph`) on x and the
-    router outcome the microbatch's number picks, then the backward of the upstream gradient."""
+    """Each implementation's microbatch: its layer on x and the router outcome the microbatch's number
+    picks, then the backward of the upstream gradient; with `graph`, the whole microbatch captured."""
 
-    def step_of(impl: str, layer: Layer, acc: Accumulation) -> Step:
+    def microbatch(layer: Layer, acc: Accumulation, inputs: Callable[[int], tuple[torch.Tensor, ...]]) -> Step:
         def step(i: int) -> dict[str, torch.Tensor]:
             x.grad = None
             acc.start(i)
-            y = layer(x, *draw_inputs(impl, i % DRAWS))
+            y = layer(x, *inputs(i))
             y.backward(grad)
             return {"out": y, "dx": x.grad} | dict(zip(grad_names, acc.grads(), strict=True))
         return step
 
-    return {impl: step_of(impl, _Graphed(layer, acc.weights) if graph else layer, acc)
-            for impl, (layer, acc) in layers.items()}
+    def step_of(impl: str, layer: Layer, acc: Accumulation) -> Step:
+        if not graph:
+            return microbatch(layer, acc, lambda i: draw_inputs(impl, i % DRAWS))
+        static = tuple(t.clone() for t in draw_inputs(impl, 0))
+
+        def refill(i: int) -> None:
+            for buffer, value in zip(static, draw_inputs(impl, i % DRAWS), strict=True):
+                buffer.copy_(value)
+        return captured(microbatch(layer, acc, lambda i: static), acc.microbatches, refill)
+
+    return {impl: step_of(impl, layer, acc) for impl, (layer, acc) in layers.items()}
 
 
 def dense_steps(
@@ -340,15 +366,13 @@ def main() -> None:
                         help="microbatches per optimizer step (gradient accumulation; our FP8 ops then "
                              "quantize the weights once per optimizer step)")
     parser.add_argument("--graph", action="store_true",
-                        help="capture each implementation's layer with torch.cuda.make_graphed_callables (forward "
-                             "and backward replayed as CUDA graphs: the step without per-kernel host work)")
+                        help="capture each implementation's whole microbatch in CUDA graphs and replay it (a loop "
+                             "with full-iteration graphs: no per-kernel host work)")
     parser.add_argument("--no-torchao", dest="torchao", action="store_false", help="leave torchao out")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
     if args.accumulate < 1 or args.steps < 1:
         parser.error("--accumulate and --steps must be at least 1")
-    if args.graph and args.accumulate > 1:
-        parser.error("--graph times one microbatch per optimizer step: leave --accumulate at 1")
     if args.suite == "dense":
         cases = {
             s.label: (lambda d=s.dims: dense_steps(d["M"], d["N"], d["K"], args.variants, args.torchao,

@@ -5,12 +5,14 @@
 #   tests   every GPU test of the kernels (all launches now take the cached path)          ~5 min
 #   host    host us per op and per Linear step, both launch paths interleaved in one process
 #           (scripts/host_profile.py --parts launch)                                         ~0.5 min
+#   anatomy the host us of each piece of one cached launch (binder, key, descriptors, Triton's launcher)
+#           and a cProfile of host-bound Linear steps (scripts/host_trace.py)                ~1.5 min
 #   dense   Linear training steps, eager, llama3-8b and llama3-70b                           ~4 min
 #   moe     MoE microbatches of 8 per optimizer step (benchmarks/training_step.py)          ~1 min
 #   ab      E4M3 rowwise steps under both launch paths, one process each: llama3-8b Linear
 #           steps and MoE microbatches of 8                                                   ~3 min
 # Carry .whl (pydantic, torchao: ../shared/tools/gpu-wheels.sh torchao==0.18.0). Results land in
-# $OUT/results.tgz.   scripts/gpu_launch.sh [tests] [host] [dense] [moe] [ab]
+# $OUT/results.tgz.   scripts/gpu_launch.sh [tests] [host] [anatomy] [dense] [moe] [ab]
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
 parts=" ${*:-tests host} "
@@ -23,6 +25,10 @@ fi
 step gpu_tests 330 python3 -m pytest -q -m gpu $tests   # tests/test_launch.py at least: every part launches
 if [[ $parts == *" host "* ]]; then
   step host_launch 100 python3 scripts/host_profile.py --parts launch
+fi
+if [[ $parts == *" anatomy "* ]]; then
+  step anatomy 100 python3 scripts/host_profile.py --parts anatomy
+  step host_trace 150 python3 scripts/host_trace.py
 fi
 cd benchmarks
 if [[ $parts == *" dense "* ]]; then

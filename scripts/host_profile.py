@@ -2,7 +2,8 @@
 cProfile of a host-bound step, the quantization kernels' bandwidth, the kernels of MoE expert
 steps (bf16 and ours, per kernel; `--accumulate 8`: microbatches of a gradient-accumulation loop, as
 benchmarks/training_step.py times them), and (`launch`) the host cost of the cached launches of
-kernels/common/launch.py against Triton's `kernel[grid]`, interleaved in one process.
+kernels/common/launch.py against Triton's `kernel[grid]`, interleaved in one process, and (`anatomy`)
+the host cost of each piece of one cached launch.
 
     PYTHONPATH=. python3 scripts/host_profile.py                          # all three parts
     PYTHONPATH=. python3 scripts/host_profile.py --parts moe --models gpt-oss-120b --accumulate 8
@@ -142,6 +143,88 @@ def launch_paths(n: int = 512, rounds: int = 7) -> None:
         print(f"  {name:40s} {direct:8.1f} {triton_path:8.1f} {direct / triton_path:7.3f}")
 
 
+def _launch_pieces(name: str, launcher: FastLaunch, grid, args: tuple, kwargs: dict) -> None:
+    """Print the host us of each piece of one cached launch of `launcher`, on a captured call's arguments."""
+    from triton.backends.nvidia import driver as nvidia_driver
+    from triton.runtime import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    device = torch.cuda.current_device()
+    binder = launcher.kernel.device_caches[device][4]
+    bound, specialization, options = binder(*args, **kwargs)
+    compiled = launcher.compiled[(device, tuple(specialization), tuple(options.items()))]
+    grid = grid(bound) if callable(grid) else grid
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    stream = driver.active.get_current_stream(device)
+    values = list(bound.values())
+    descriptors = [v for v in values if isinstance(v, TensorDescriptor)]
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [None] * len(descriptors))
+    expanded, index = [], 0
+    for v in values:
+        if isinstance(v, TensorDescriptor):
+            expanded.extend(nvidia_driver.make_tensordesc_arg(v, metas[index]))
+            index += 1
+        else:
+            expanded.append(v)
+    launch = compiled.run.launch
+    raw = next((c.cell_contents for c in (getattr(launch, "__closure__", None) or ())
+                if type(c.cell_contents).__name__ == "builtin_function_or_method"), launch)
+    head = (*grid, stream, compiled.function, compiled.run.launch_cooperative_grid, compiled.run.launch_pdl,
+            None, None, compiled.packed_metadata, None, None, None)
+    pieces = {
+        "whole cached launch (FastLaunch.launch)": lambda: launcher.launch(grid, args, kwargs),
+        "  Triton's binder": lambda: binder(*args, **kwargs),
+        "  cache key + lookup": lambda: launcher.compiled.get((device, tuple(specialization), tuple(options.items()))),
+        "  current device + stream": lambda: driver.active.get_current_stream(torch.cuda.current_device()),
+        "  compiled.run (Triton's launcher, descriptors encoded)": lambda: compiled.run(
+            *grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values),
+        "  encode the host descriptors (make_tensordesc_arg)": lambda: [
+            nvidia_driver.make_tensordesc_arg(d, m) for d, m in zip(descriptors, metas, strict=True)],
+        "  the C launcher alone (descriptors pre-encoded)": lambda: raw(*head, *expanded),
+    }
+    print(f"=== {name}: {len(values)} bound arguments, {len(descriptors)} host descriptors")
+    for piece, fn in pieces.items():
+        print(f"  {piece:58s} {host_us(fn, calls=500):8.2f} us")
+
+
+def launch_anatomy(n: int = 512) -> None:
+    """Host us of each piece of one cached launch, each piece timed alone on the arguments of a real
+    call: a TMA GEMM (three host descriptors) and the rowwise quantization kernel; and the torch calls
+    around the launches of a step."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x, _, _, out = linear_operands(n)
+    captured = {}
+    original = FastLaunch.launch
+
+    def capture(self, grid, args, kwargs):
+        captured[self.kernel.fn.__name__] = (self, grid, args, kwargs)
+        original(self, grid, args, kwargs)
+
+    FastLaunch.launch = capture
+    try:
+        for _ in range(2):  # the second call runs the cached binary
+            launch_tma(x, x.t(), out, triton_cfg())
+            quantize_rows(x, E4M3, Granularity.ROWWISE)
+    finally:
+        FastLaunch.launch = original
+    torch.cuda.synchronize()
+    for name, call in captured.items():
+        _launch_pieces(name, *call)
+    small = torch.empty(16, device="cuda")
+    around = {
+        "torch.empty 512x512 bf16": lambda: torch.empty(n, n, device="cuda", dtype=torch.bfloat16),
+        "torch.zeros 128 fp32": lambda: torch.zeros(128, device="cuda"),
+        "torch.cuda.set_device (bind_context)": lambda: torch.cuda.set_device(x.device),
+        "TensorDescriptor(...) x3": lambda: [TensorDescriptor(x, list(x.shape), list(x.stride()), [128, 64])
+                                             for _ in range(3)],
+        "a tiny torch op (small.add_(1))": lambda: small.add_(1),
+    }
+    print("=== around the launches")
+    for piece, fn in around.items():
+        print(f"  {piece:58s} {host_us(fn, calls=500):8.2f} us")
+
+
 def triton_cfg():
     from kernels.gemm.tuning import config_for
     return config_for(512, 512, 512)
@@ -182,7 +265,7 @@ def moe_kernels(models: list[str], variants: list[str], accumulate: int) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", choices=("host", "quant", "moe", "launch"),
+    parser.add_argument("--parts", nargs="+", choices=("host", "quant", "moe", "launch", "anatomy"),
                         default=["host", "quant", "moe"])
     parser.add_argument("--models", nargs="+", default=["deepseek-v3"], choices=list(MOE_CASES))
     parser.add_argument("--variants", nargs="+", default=["e4m3-rowwise", "e4m3-blockwise"])
@@ -198,6 +281,8 @@ def main() -> None:
         moe_kernels(args.models, args.variants, args.accumulate)
     if "launch" in args.parts:
         launch_paths()
+    if "anatomy" in args.parts:
+        launch_anatomy()
 
 
 if __name__ == "__main__":
