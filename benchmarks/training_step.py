@@ -20,7 +20,9 @@ host work a microbatch. Eager is what a loop without graphs sees.
 - dense: a Linear layer, y = x @ W^T, on the llama3 presets (QKV / O / gate_up / down / lm_head).
 - moe: an expert MLP, GateUP -> SwiGLU -> Down as grouped GEMMs, the routed tokens split over the local
   experts by a skewed router drawn anew every step (group sizes in multiples of 16, which torchao needs;
-  drawn before timing, kept on the GPU: no host sync).
+  drawn before timing, kept on the GPU: no host sync). bf16 torch and torchao run the SwiGLU as torch
+  ops; ours as kernels/moe does (FP8: computed inside the Down GEMM's quantization, never written);
+  "bf16 ours" (our bf16 grouped GEMMs and SwiGLU kernels) shows what the SwiGLU's handling alone is worth.
 
     python3 benchmarks/training_step.py --suite dense --shapes llama3 --csv dense.csv
     python3 benchmarks/training_step.py --suite moe --csv moe.csv
@@ -48,9 +50,11 @@ from harness.snr import snr_db
 from kernels.common.fp8 import Float8Config, Format, Granularity
 from kernels.gemm_fp8 import gemm_fp8
 from kernels.gemm_fp8 import prequantize_weight as prequantize_linear
+from kernels.grouped_gemm import group_offsets, grouped_gemm
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
 from kernels.grouped_gemm_fp8 import prequantize_weight as prequantize_experts
 from kernels.grouped_gemm_fp8.kernel import WeightFp8
+from kernels.moe import swiglu, swiglu_down_fp8
 
 # One microbatch of one implementation: its argument numbers it in the loop, which picks the router's
 # outcome (MoE; a Linear has none) and whether it is the first microbatch after an optimizer step.
@@ -300,30 +304,43 @@ def moe_steps(
     weights = [w1, w2]
     splits = skewed_splits(T, E, DRAWS, seed=E + H)
     lens = [torch.tensor(s, device="cuda", dtype=torch.int64) for s in splits]
-    offs = [torch.cumsum(n, 0, dtype=torch.int32) for n in lens]
+    offs = [torch.cumsum(n, 0, dtype=torch.int32) for n in lens]  # torch's and torchao's: group ends
+    starts = [group_offsets(n) for n in lens]  # ours: [E + 1] group starts, as permute hands them over
 
     def mlp(gemm: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]) -> Layer:
-        """GateUP -> SwiGLU -> Down, gemm(tokens, weight index, the router outcome's tensor)."""
+        """GateUP -> SwiGLU (torch ops) -> Down, gemm(tokens, weight index, the router outcome's tensor)."""
         def layer(t: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
             gate, up = gemm(t, 0, groups).chunk(2, dim=-1)
             return gemm(F.silu(gate) * up, 1, groups)
         return layer
 
+    def ours_bf16(t: torch.Tensor, n: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Our bf16 experts: grouped_gemm, our SwiGLU kernels, grouped_gemm."""
+        return grouped_gemm(swiglu(grouped_gemm(t, w1, n, o)), w2, n, o)
+
+    def ours_fp8(c: Float8Config, acc: Accumulation) -> Layer:
+        """Our FP8 experts, as kernels/moe runs them: the SwiGLU computed inside the Down GEMM's quantization."""
+        def layer(t: torch.Tensor, n: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+            h = grouped_gemm_fp8(t, w1, n, o, config=c, **acc.op_args(0))
+            down = acc.op_args(1)
+            return swiglu_down_fp8(h, w2, o, c, w_fp8=down["b_fp8"], main_grad=down["main_grad"])
+        return layer
+
     layers = {"bf16 torch": (mlp(lambda a, j, o: torch._grouped_mm(a, weights[j].transpose(-2, -1), offs=o)),
-                             Accumulation(accumulate, weights))}
+                             Accumulation(accumulate, weights)),
+              "bf16 ours": (ours_bf16, Accumulation(accumulate, weights))}
     for name in variants:
         c = VARIANTS[name]
         acc = Accumulation(accumulate, weights, lambda w, c=c: prequantize_experts(w, config=c), fused=True)
-        layers[f"ours {name}"] = (
-            mlp(lambda a, j, n, c=c, acc=acc: grouped_gemm_fp8(a, weights[j], n, config=c, **acc.op_args(j))), acc)
+        layers[f"ours {name}"] = (ours_fp8(c, acc), acc)
     if torchao:
         from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
 
         layers["torchao rowwise"] = (mlp(lambda a, j, o: _to_fp8_rowwise_then_scaled_grouped_mm(
             a, weights[j].transpose(-2, -1), o, pad_token_groups_for_grouped_mm=False)),
             Accumulation(accumulate, weights))
-    return steps_of(layers, x, grad, lambda impl, k: (lens[k] if impl.startswith("ours") else offs[k],),
-                    ["dw1", "dw2"], graph)
+    return steps_of(layers, x, grad, lambda impl, k: (lens[k], starts[k]) if impl.startswith(("ours", "bf16 ours"))
+                    else (offs[k],), ["dw1", "dw2"], graph)
 
 
 def run_suite(

@@ -10,7 +10,9 @@ from harness.memory import activation_bytes
 from harness.snr import snr_db, snr_threshold
 from kernels.common.dtypes import dtype_name
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_both
-from kernels.moe import ExpertWeightsFp8, MoEMLP, RouterConfig, moe_experts, swiglu
+from kernels.grouped_gemm import group_offsets
+from kernels.grouped_gemm_fp8 import prequantize_weight
+from kernels.moe import ExpertWeightsFp8, MoEMLP, RouterConfig, moe_experts, swiglu, swiglu_down_fp8
 from kernels.moe.reference import loop_experts, torch_moe_mlp
 from tests.graph_replay import replay_and_eager
 
@@ -139,6 +141,39 @@ def test_swiglu_forward_and_backward(device, half_dtype):
     assert snr_db(out, ref) >= floor and snr_db(h.grad, h64.grad) >= floor
 
 
+@pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.BLOCKWISE])
+def test_swiglu_down_fp8_matches_float64_on_skewed_and_empty_groups(granularity, device, half_dtype):
+    """swiglu_down_fp8 (the SwiGLU inside the Down GEMM's quantization) against silu(gate) * up @ w_g^T in
+    float64, per group, forward and both gradients; with a prequantized weight and a main_grad the same, the
+    wgrad landing in the buffer."""
+    torch.manual_seed(3)
+    lens = torch.tensor([0, 150, 3, 0, 47], device=device)  # skewed, with empty groups
+    E, H, inter, R = lens.numel(), 48, 136, int(lens.sum())
+    offs = group_offsets(lens)
+    h = torch.randn(R, 2 * inter, dtype=half_dtype, device=device, requires_grad=True)
+    w = (torch.randn(E, H, inter, dtype=half_dtype, device=device) * inter**-0.5).requires_grad_()
+    grad = torch.randn(R, H, dtype=half_dtype, device=device)
+    config = Float8Config(granularity=granularity)
+    out = swiglu_down_fp8(h, w, offs, config)
+    out.backward(grad)
+    h64, w64 = (t.detach().double().requires_grad_() for t in (h, w))
+    gate, up = h64.chunk(2, dim=-1)
+    act = torch.nn.functional.silu(gate) * up
+    ref = torch.cat([act[int(offs[g]):int(offs[g + 1])] @ w64[g].t() for g in range(E)])
+    ref.backward(grad.double())
+    floor = snr_threshold("e4m3") - 5  # the SwiGLU output and the gradient quantized
+    assert min(snr_db(out, ref), snr_db(h.grad, h64.grad), snr_db(w.grad, w64.grad)) >= floor
+    assert torch.isfinite(out).all() and torch.isfinite(h.grad).all()
+
+    main_grad = torch.zeros_like(w, dtype=torch.float32)
+    w_fp8 = prequantize_weight(w, True, config)
+    h.grad = None
+    again = swiglu_down_fp8(h, w, offs, config, w_fp8=w_fp8, main_grad=main_grad)
+    again.backward(grad)
+    assert torch.equal(again, out)
+    assert snr_db(main_grad, w64.grad) >= floor
+
+
 def test_bad_inputs_raise_one_line_value_errors(device):
     layer = MoEMLP(16, 8, RouterConfig(4, 2), dtype=torch.float16, device=device)
     x = torch.randn(5, 16, dtype=torch.float16, device=device)
@@ -152,6 +187,12 @@ def test_bad_inputs_raise_one_line_value_errors(device):
         (lambda: MoEMLP(16, 8, RouterConfig(4, 2), fp8="e4m3"), "fp8 must be a Float8Config"),
         (lambda: MoEMLP(0, 8, RouterConfig(4, 2)), "must be positive"),
         (lambda: swiglu(torch.randn(3, 5)), r"h must be \[rows, 2 \* I\]"),
+        (lambda: swiglu_down_fp8(torch.randn(5, 12, dtype=torch.float16, device=device), layer.w_down,
+                                 torch.zeros(5, dtype=torch.int64, device=device), Float8Config()),
+         r"swiglu_down_fp8: h must be \[rows, 2 \* I\] and w_down \[E, H, I\]"),
+        (lambda: swiglu_down_fp8(torch.randn(5, 16, dtype=torch.float16, device=device), layer.w_down,
+                                 torch.zeros(4, dtype=torch.int64, device=device), Float8Config()),
+         r"group_offs must be \[E \+ 1\] = \[5\]"),
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up[:, :15], layer.w_down), r"w_gate_up must be \[E, 2I, H\]"),
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down[:, :, :4]),
          r"w_down must be \[E, H, I\] = \[4, 16, 8\]"),

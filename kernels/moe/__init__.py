@@ -13,10 +13,10 @@
 Routing stays on the device: nothing reads the tokens per expert on the host (CUDA-graph safe).
 """
 
-from kernels.moe.experts import ExpertWeightsFp8, moe_experts, swiglu
+from kernels.moe.experts import ExpertWeightsFp8, moe_experts, swiglu, swiglu_down_fp8
 from kernels.moe.mlp import MoEMLP
 from kernels.moe.permute import Permuted, RowMap, capacity_for, permute, unpermute
 from kernels.moe.router import RouterConfig, Routing, route
 
 __all__ = ["ExpertWeightsFp8", "MoEMLP", "Permuted", "RouterConfig", "Routing", "RowMap", "capacity_for",
-           "moe_experts", "permute", "route", "swiglu", "unpermute"]
+           "moe_experts", "permute", "route", "swiglu", "swiglu_down_fp8", "unpermute"]

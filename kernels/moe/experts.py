@@ -136,6 +136,26 @@ class _SwiGLUDownFp8(torch.autograd.Function):
                 None, None, None, None)
 
 
+def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Tensor, config: Float8Config,
+                    w_fp8: WeightFp8 | None = None, main_grad: torch.Tensor | None = None) -> torch.Tensor:
+    """The Down GEMM in FP8 on swiglu(h), with autograd to h and w_down: h [R, 2I] (the GateUP GEMM's output,
+    gate half first, rows grouped by expert at `group_offs`, int64 [E + 1] on the device), w_down [E, H, I].
+    The SwiGLU is computed inside the quantization of the GEMM's input and never written. `w_fp8`: w_down
+    quantized once per optimizer step (prequantize_weight, same config); `main_grad`: a buffer w_down's
+    gradient adds into (as grouped_gemm_fp8's)."""
+    if h.ndim != 2 or h.shape[1] % 2 or w_down.ndim != 3 or h.shape[1] // 2 != w_down.shape[2]:
+        raise ValueError(f"swiglu_down_fp8: h must be [rows, 2 * I] and w_down [E, H, I], got {list(h.shape)} "
+                         f"and {list(w_down.shape)}")
+    if group_offs.ndim != 1 or group_offs.numel() != w_down.shape[0] + 1:
+        raise ValueError(f"swiglu_down_fp8: group_offs must be [E + 1] = [{w_down.shape[0] + 1}], got "
+                         f"{list(group_offs.shape)}")
+    if w_fp8 is not None:
+        check_prequantized("swiglu_down_fp8", w_fp8, w_down, True, config.forward_dtype, config.granularity)
+    if main_grad is not None:
+        check_main_grad("swiglu_down_fp8", main_grad, w_down)
+    return _SwiGLUDownFp8.apply(h.contiguous(), w_down, group_offs, config, w_fp8, main_grad)
+
+
 def swiglu(h: torch.Tensor) -> torch.Tensor:
     """silu(h[:, :I]) * h[:, I:] for h [R, 2I] (the GateUP GEMM's output, gate half first), with autograd."""
     if h.ndim != 2 or h.shape[1] % 2:
@@ -199,5 +219,5 @@ def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, 
         gate_up_grad, down_grad = main_grads or (None, None)
         h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8, b_fp8=gate_up_fp8,
                              main_grad=gate_up_grad)
-        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8, down_fp8, down_grad)
+        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8, down_fp8, down_grad)  # checked above
     return unpermute(y, p.row_map, probs)
