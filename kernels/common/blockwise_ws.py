@@ -51,6 +51,9 @@ from kernels.common.tma import bind_context, tma_layout
 
 # The TMA load's name since Triton 3.7 (async_copy_global_to_shared before, which 3.7 turned into an error).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The CTA's (a partition's, under warp specialization) thread barrier: gl.barrier since Triton 3.7 or so,
+# gl.thread_barrier before.
+_thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 rows
 HALF_M = gl.constexpr(64)
@@ -120,19 +123,34 @@ def _tile_at(tile, g, tiles_before, offs_ptr, M, N, K, G,
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N, K, G,
-                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
+                    stride_sbn, stride_sbk, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                     GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     stage_bytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    # The wide token reduction's column ratios (see _mma_partition): BLOCK_N // 32 columns a lane.
+    ratio_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
     tile = gl.program_id(0)
     it = 0
-    g, tiles_before, row0, _col0, b_row0, k0, k_tiles, _row_end = _tile_at(
+    g, tiles_before, row0, col0, b_row0, k0, k_tiles, _row_end = _tile_at(
         tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
     while g < G:
+        if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+            cols = col0 + gl.arange(0, BLOCK_N, layout=ratio_layout)
+            # A scalar base and int32 offsets: a tensor of 64-bit pointers would take twice the registers.
+            sb_base = sb_ptr + (k0 // BLOCK_K).to(gl.int64) * stride_sbk
+            prev_b = gl.full([BLOCK_N], 1.0, gl.float32, ratio_layout)
         for kb in range(k_tiles):
             s = it % STAGES
+            if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):  # loaded before the wait: its latency hides there
+                cur_b = gl.maximum(gl.load(sb_base + kb * stride_sbk + cols * stride_sbn, mask=cols < N, other=1.0),
+                                   MIN_SCALE)
             # A fresh barrier counts as having completed the phase before its first: the first lap passes.
             mbarrier.wait(free.index(s), ((it // STAGES) & 1) ^ 1)
+            if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):  # the block's column ratios, then its scales
+                ratio_bufs.index(2 * s).store(prev_b / cur_b)
+                ratio_bufs.index(2 * s + 1).store(cur_b)
+                prev_b = cur_b
+                _thread_barrier()  # every lane's ratios written before the stage's arrival publishes them
             mbarrier.expect(ready.index(s), stage_bytes)
             k = k0 + kb * BLOCK_K
             _tma_load(a_desc, [row0, k], ready.index(s), a_bufs.index(2 * s))
@@ -140,8 +158,35 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N,
             _tma_load(b_desc, [b_row0, k], ready.index(s), b_bufs.index(s))
             it += 1
         tile += NUM_PROGRAMS
-        g, tiles_before, row0, _col0, b_row0, k0, k_tiles, _row_end = _tile_at(
+        g, tiles_before, row0, col0, b_row0, k0, k_tiles, _row_end = _tile_at(
             tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
+
+
+@gluon.jit
+def _c_tile(c_ptr, g, first_row, col0, row_end, N, stride_cg, stride_cm, ROWS: gl.constexpr, COLS: gl.constexpr,
+            row_layout: gl.constexpr, col_layout: gl.constexpr):
+    """C[g]'s [ROWS, COLS] tile at (first_row, col0), in the layout the slices describe. Past its last row or
+    column it reads the last one again (clamped, not masked: a mask per element would take registers beside
+    the tile; the store drops what lies past the edges)."""
+    rows = gl.minimum(gl.arange(0, ROWS, layout=row_layout), row_end - 1 - first_row)
+    cols = gl.minimum(col0 + gl.arange(0, COLS, layout=col_layout), N - 1)
+    base = c_ptr + g.to(gl.int64) * stride_cg + first_row.to(gl.int64) * stride_cm
+    return gl.load(base + gl.expand_dims(rows * stride_cm, 1) + gl.expand_dims(cols, 0))
+
+
+@gluon.constexpr_function
+def _out_layout(out_dtype, block_n, mma_layout, store_layout):
+    """The epilogue's layout: 16-byte rows (store_layout), or for fp32 out of a 256-wide tile the
+    accumulator's own (each thread's column pairs, 8 bytes), as converting its 128 registers a thread
+    through shared memory spills."""
+    return mma_layout if out_dtype == gl.float32 and block_n > BLOCK_K.value else store_layout
+
+
+@gluon.constexpr_function
+def _rescales_columns(token_reduction, block_n):
+    """Whether the token reduction keeps one rescaled accumulator (tiles wider than a scale block, where
+    a separate product would not fit in registers) instead of promoting each block's product."""
+    return token_reduction and block_n > BLOCK_K.value
 
 
 @gluon.jit
@@ -157,7 +202,7 @@ def _block_scales(sa_ptrs, sb_ptrs, kb, row_ok, has_hi, stride_sak, stride_sbn, 
 
 
 @gluon.jit
-def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
@@ -167,6 +212,7 @@ def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr,
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
     store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_N,
                                                   BLOCK_N // 8], warps_per_cta=[4, 1], order=[1, 0])
+    out_layout: gl.constexpr = _out_layout(c_ptr.dtype.element_ty, BLOCK_N, mma_layout, store_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tile = gl.program_id(0)
@@ -178,7 +224,42 @@ def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr,
         row_ok = rows < row_end
         first_block = k0 // BLOCK_K
         sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam + first_block * stride_sak
-        if TOKEN_REDUCTION:  # B is scaled per row (column of C) and 128-token block too
+        if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+            # B is scaled per row (column of C) and 128-token block too: one accumulator holds the sum so
+            # far divided by the current block's row scale and column scale (an outer product), rescaled
+            # before each block's MMA by the row ratios (previous / current, here) and the column ratios
+            # (the producer's, through shared memory: a 256-wide column vector would take 64 registers a
+            # thread, twice, beside the accumulator's 128), and by the last block's scales at the end.
+            # ACCUMULATE: the sum starts from C (in units of 1, the scales before the first block), which
+            # leaves the epilogue no C to add beside the accumulator (256 registers a thread).
+            prev_a = gl.full([HALF_M], 1.0, gl.float32, row_layout)
+            sa = gl.load(sa_ptrs, mask=row_ok & (k_tiles > 0), other=1.0)
+            if ACCUMULATE:
+                # read in 16-byte rows, then moved into the accumulator's layout (its own is 4 bytes a thread)
+                c_tile = _c_tile(c_ptr, g, row0 + HALF * HALF_M, col0, row_end, N, stride_cg, stride_cm, HALF_M,
+                                 BLOCK_N, gl.SliceLayout(1, store_layout), gl.SliceLayout(0, store_layout))
+                acc = gl.convert_layout(c_tile, mma_layout).to(gl.float32)
+            else:
+                acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+            for kb in range(k_tiles):
+                s = it % STAGES
+                cur_a = gl.maximum(sa, MIN_SCALE)
+                ratio_a = gl.expand_dims(prev_a / cur_a, 1)
+                prev_a = cur_a
+                sa = gl.load(sa_ptrs + gl.minimum(kb + 1, k_tiles - 1) * stride_sak, mask=row_ok, other=1.0)
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                acc = acc * ratio_a * gl.expand_dims(ratio_bufs.index(2 * s).load(col_layout), 0)
+                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
+                                    is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                # The last block's stage stays held until its column scales are read, below.
+                mbarrier.arrive(free.index(s), count=1, pred=kb < k_tiles - 1)
+                it += 1
+            last = (it + STAGES - 1) % STAGES
+            last_b = gl.where(k_tiles > 0, ratio_bufs.index(2 * last + 1).load(col_layout), 1.0)
+            mbarrier.arrive(free.index(last), count=1, pred=k_tiles > 0)
+            acc = acc * gl.expand_dims(prev_a, 1) * gl.expand_dims(last_b, 0)
+        elif TOKEN_REDUCTION:  # B is scaled per row (column of C) and 128-token block too
             cols = col0 + gl.arange(0, BLOCK_N, layout=col_layout)
             col_ok = cols < N
             # A scalar base and int32 offsets: a tensor of 64-bit pointers would hold 64 registers a thread.
@@ -237,16 +318,17 @@ def _mma_partition(a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr,
             if BLOCK_N > BLOCK_K:
                 last = gl.where(in_hi, gl.expand_dims(prev_hi, 1), last)
             acc = acc * last
-        out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
-        out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
+        out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, out_layout))
+        out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
         c_ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1)
                   + gl.expand_dims(out_cols, 0))
         mask = gl.expand_dims(out_rows < row_end, 1) & gl.expand_dims(out_cols < N, 0)
-        if ACCUMULATE:  # summed in fp32, rounded once
-            out = gl.convert_layout(acc, store_layout) + gl.load(c_ptrs, mask=mask, other=0.0).to(gl.float32)
+        # ACCUMULATE: summed in fp32, rounded once (the wide token reduction's sum started from C).
+        if ACCUMULATE and not _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+            out = gl.convert_layout(acc, out_layout) + gl.load(c_ptrs, mask=mask, other=0.0).to(gl.float32)
             gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
         else:
-            gl.store(c_ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), store_layout), mask=mask)
+            gl.store(c_ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_layout), mask=mask)
         tile += NUM_PROGRAMS
         g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
             tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
@@ -260,20 +342,27 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
                          TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    # The wide token reduction's column ratios and scales, two rows a stage (see _mma_partition); a token
+    # stands in elsewhere.
+    ratio_rows: gl.constexpr = 2 * STAGES if _rescales_columns(TOKEN_REDUCTION, BLOCK_N) else 1
+    ratio_cols: gl.constexpr = BLOCK_N if _rescales_columns(TOKEN_REDUCTION, BLOCK_N) else 1
+    ratio_bufs = gl.allocate_shared_memory(gl.float32, [ratio_rows, ratio_cols],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=2)  # one arrival per consumer warpgroup
     gl.warp_specialize([
-        (_mma_partition, (a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                           stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                           0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
-        (_mma_partition, (a_bufs, b_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                           stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                           1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
-        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, free, offs_ptr, M, N, K, G,
-                           BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, NUM_PROGRAMS)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
+                           stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION,
+                           NUM_PROGRAMS)),
     ], [4, 1], [232, 40])
 
 
@@ -294,16 +383,28 @@ def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
     return rows if tma_layout(rows) is True else None
 
 
-def shared_bytes(block_n: int, stages: int, out_element_size: int) -> int:
+def shared_bytes(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> int:
     """An upper bound of the shared memory a launch takes (tests/hopper_compile.py checks it against the
     compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each),
-    one consumer's output tile, through which the epilogue changes layout, and 1 KB for the barriers."""
-    return stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * block_n * out_element_size + 1024
+    one consumer's output tile, through which the epilogue changes layout, the wide token reduction's
+    column ratios and scales (two fp32 rows a stage), and 1 KB for the barriers."""
+    ratios = 2 * stages * block_n * 4 if _rescales_columns(token_reduction, block_n) else 0
+    return (stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * block_n * out_element_size
+            + ratios + 1024)
 
 
-def fits(block_n: int, stages: int, out_element_size: int) -> bool:
-    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most)."""
-    return shared_bytes(block_n, stages, out_element_size) <= SHARED_MEMORY_BYTES
+def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> bool:
+    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most M-grouped, 3 as
+    the token reduction)."""
+    return shared_bytes(block_n, stages, out_element_size, token_reduction) <= SHARED_MEMORY_BYTES
+
+
+def token_reduction_tile(cfg: TileConfig, out: torch.Tensor) -> TileConfig:
+    """The token reduction's config for the table's `cfg` into `out`: 256 wide only into 2-byte outputs (an fp32
+    main_grad, whose tile the 256-wide sum starts from, spills registers there), else narrowed to 128."""
+    if cfg.BLOCK_N > TRITON_MAX_BLOCK_N and out.element_size() > 2:
+        return replace(cfg, BLOCK_N=TRITON_MAX_BLOCK_N)
+    return cfg
 
 
 TRITON_MAX_BLOCK_N = 128
@@ -324,13 +425,15 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128 blocks
     along the tokens, as a's). Both want a Hopper GPU (not the interpreter), fp8 operands TMA reads
     K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
-    with BLOCK_N 64 or 128, or 256 when M-grouped, and stages that fit in shared memory."""
+    with BLOCK_N 64, 128 or 256 (the token reduction: into a 2-byte output, see token_reduction_tile), and
+    stages that fit in shared memory."""
     b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
     return (
         scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
-        and cfg.BLOCK_N in ((64, 128) if token_reduction else (64, 128, 256))
-        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size())
+        and cfg.BLOCK_N in (64, 128, 256)
+        and (not token_reduction or token_reduction_tile(cfg, out) is cfg)
+        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction)
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
         and torch.cuda.get_device_capability(a.device) == (9, 0)
         and a.dtype in _GL_FP8 and b.dtype in _GL_FP8 and a.shape[-1] > 0

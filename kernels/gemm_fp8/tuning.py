@@ -6,10 +6,13 @@ blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
 
 On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
 kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
-the wgrad as its token reduction, BLOCK_N <= 128); the rest run the Triton kernels. The forward and
+the wgrad as its token reduction); the rest run the Triton kernels (blockwise at BLOCK_N <= 128). The forward and
 the dgrad take 128x256 tiles there (dense 8192^3 1.19x its 128x128, 3 stages best; at 2048 x 2048 x
 8192, the small bucket, 434 TFLOPS against 389 on 128x128, 3 and 4 stages alike, and 3 leave room for a
-TMA-store epilogue in `fits`: benchmarks/blockwise_ab.py, H100 2026-11-25).
+TMA-store epilogue in `fits`: benchmarks/blockwise_ab.py, H100 2026-11-25). The large wgrad too, since the
+token reduction keeps one rescaled accumulator at 256 wide (8192^3: 894 / 873 TFLOPS fresh / adding into a
+bf16 main_grad against 675 / 643 on 128x128; 3 stages, the most that fit; the small bucket stays 128x128,
+untested at 256 on dense shapes).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
 }
 
 

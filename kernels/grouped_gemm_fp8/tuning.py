@@ -23,10 +23,14 @@ rescaled accumulator affords: 1.13-1.28x its 128x128 on DeepSeek-V3's GateUP and
 Down, 3 stages best, also in the small buckets (DeepSeek-V3's GateUP at 32 x 512 tokens: 1035 TFLOPS
 against 970 at 4 stages and 907 on 128x128; `blockwise_ab.py`, H100 2026-11-25); the MoE loop's
 blockwise microbatch went 1.155 / 1.079 / 1.225x bf16 -> 1.240 / 1.177 / 1.273x (DeepSeek-V3 / Qwen3 /
-GPT-OSS, same call). The wgrad runs as the kernel's token reduction, at BLOCK_N <= 128: its small
-bucket is 128x128 with 8 warps, not the Triton kernel's 64x128 with 4, which ran DeepSeek-V3's 32 x 512
-and 32 x 1024 GateUP wgrads 1.09-1.22x slower, fresh and adding into a main_grad (`blockwise_ab.py
---pass wgrad`, H100 2026-11-25).
+GPT-OSS, same call). The wgrad runs as the kernel's token reduction: its small bucket is 128x128 with 8
+warps, not the Triton kernel's 64x128 with 4, which ran DeepSeek-V3's 32 x 512 and 32 x 1024 GateUP
+wgrads 1.09-1.22x slower, fresh and adding into a main_grad; its large bucket 128x256, 3 stages, since
+the token reduction keeps one rescaled accumulator there: Qwen3's 16 x 2048 GateUP / Down wgrads adding
+into a bf16 main_grad 688 / 611 TFLOPS against 606 / 538 on 128x128 (fresh 799 / 683 against 673 /
+604). At DeepSeek-V3's 32 x 512 adding into a main_grad 128x256 ran 0.91x 128x128 (387 against 426;
+32 x 1024: 1.05x, fresh 1.04-1.09x), so the small bucket stays (`blockwise_ab.py --pass wgrad`, H100
+2026-11-25).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
 }
 
 
