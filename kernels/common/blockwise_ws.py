@@ -15,7 +15,10 @@ each block's MMA adds its raw product into it (rescaled by previous / current sc
 what lets a consumer own a 64x256 tile (128 registers a thread, where a sum and a separate product
 would need 256): 128x256 tiles read each A tile once per 256 columns and halve the stage traffic per
 FLOP, as the rowwise kernels' tiles do. The token reduction scales per column as well (an outer
-product of scales), so it keeps the product separate and promotes it, on tiles up to 128 wide.
+product of scales): up to 128 wide it keeps each block's product separate and promotes it; at 256 wide
+it keeps one accumulator too, rescaled by an outer product of row ratios and column ratios, the latter
+computed by the producer warp into shared memory (a 256-wide column vector would take 64 registers a
+consumer thread), and an accumulating sum starts from C.
 
 One kernel, two ways to group (TOKEN_REDUCTION picks):
 

@@ -143,6 +143,10 @@ def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Ten
     The SwiGLU is computed inside the quantization of the GEMM's input and never written. `w_fp8`: w_down
     quantized once per optimizer step (prequantize_weight, same config); `main_grad`: a buffer w_down's
     gradient adds into (as grouped_gemm_fp8's)."""
+    if not isinstance(config, Float8Config):
+        raise ValueError(f"swiglu_down_fp8: config must be a Float8Config, got {type(config).__name__}")
+    if h.dtype != w_down.dtype:
+        raise ValueError(f"swiglu_down_fp8: h and w_down must share a dtype, got {h.dtype} and {w_down.dtype}")
     if h.ndim != 2 or h.shape[1] % 2 or w_down.ndim != 3 or h.shape[1] // 2 != w_down.shape[2]:
         raise ValueError(f"swiglu_down_fp8: h must be [rows, 2 * I] and w_down [E, H, I], got {list(h.shape)} "
                          f"and {list(w_down.shape)}")
