@@ -52,11 +52,6 @@ def test_takes_hopper_and_its_scale_layouts_only(device):
     assert not blockwise_ws.supported(a, b[0], out16, per_column, wide, token_reduction=True)
     assert not blockwise_ws.supported(a, b[0], out, per_column, wide3, token_reduction=True)
     assert blockwise_ws.token_reduction_tile(wide3, out) == dataclasses.replace(wide3, BLOCK_N=128)
-    # rowwise scales (one per row and group): the token reduction on 256-wide tiles only
-    rowwise = dataclasses.replace(per_column, per_k_block=False)
-    assert blockwise_ws.supported(a, b[0], out16, rowwise, wide3, token_reduction=True) == hopper
-    assert not blockwise_ws.supported(a, b[0], out16, rowwise, narrow, token_reduction=True)
-    assert not blockwise_ws.supported(a, b, out16, dataclasses.replace(scales, per_k_block=False), wide3)
     assert blockwise_ws.token_reduction_tile(wide3, out16) is wide3
     # where the Triton kernels run instead, the table's 256-wide tile narrows to theirs
     assert blockwise_ws.triton_tile(wide) == narrow and blockwise_ws.triton_tile(narrow) is narrow
@@ -71,13 +66,13 @@ def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
     stages deep (M-grouped; 3 as the token reduction, fresh and adding into a bf16 main_grad) within an
     H100's shared memory. A subprocess, since the kernels must be compiled, not interpreted."""
     cases = ((False, False), (True, False), (True, True), (False, False, 256), (True, False, 256, 3),
-             (True, True, 256, 3, "*bf16"), (True, False, 256, 3, None, False), (True, True, 256, 3, "*bf16", False))
+             (True, True, 256, 3, "*bf16"))
     code = ("import json; from tests.hopper_compile import compile_blockwise_ws; print(json.dumps("
             f"[compile_blockwise_ws(*c) for c in {cases!r}]))")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=os.environ | {"TRITON_INTERPRET": "0"},
                           cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = ((128, 4, 2), (128, 4, 2), (128, 4, 4), (256, 4, 2), (256, 3, 2), (256, 3, 2), (256, 3, 2), (256, 3, 2))
+    expected = ((128, 4, 2), (128, 4, 2), (128, 4, 4), (256, 4, 2), (256, 3, 2), (256, 3, 2))
     for report, case, (block_n, stages, out_bytes) in zip(json.loads(done.stdout.splitlines()[-1]), cases,
                                                           expected, strict=True):
         assert (report["wgmma_e4m3"], report["tma_loads"]) == (8, 3), report
@@ -183,44 +178,6 @@ TOKEN_CASES = {
     "grouped-accumulate-bf16-256": ([512, 512, 512, 0, 77], True, 256, 320, torch.bfloat16, True, 256, 3),
     "dense-accumulate-fp16-256": ([4096], None, 512, 640, torch.float16, True, 256, 3),
 }
-
-
-ROWWISE_TOKEN_CASES = {
-    # name: (tokens per group, None: dense, P, Q, out dtype, accumulate)
-    "dense": ([1000], None, 1024, 896, torch.bfloat16, False),
-    "grouped-skewed-empty": ([2100, 0, 300, 1, 1000, 0, 695, 0], True, 384, 640, torch.bfloat16, False),
-    "grouped-accumulate-bf16": ([512, 512, 512, 0, 77], True, 256, 320, torch.bfloat16, True),
-    "dense-accumulate-fp16": ([4096], None, 512, 640, torch.float16, True),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(ROWWISE_TOKEN_CASES))
-def test_rowwise_token_reduction_matches_float64(name):
-    """The rowwise wgrad on the 256-wide token reduction: one scale per row and group (quantize_both's
-    rowwise cols_t), the MMAs adding into the accumulator untouched, the scales applied at the end (a sum
-    started from C divided by them first)."""
-    lens, grouped, P, Q, out_dtype, accumulate = ROWWISE_TOKEN_CASES[name]
-    torch.manual_seed(len(name) + 1)
-    G, T = len(lens), sum(lens)
-    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int64)
-    groups = RowGroups.tokens(offs) if grouped else RowGroups.equal(1, T)
-    x, y = (quantize_both(torch.randn(T, n, device="cuda", dtype=torch.bfloat16), E4M3, Granularity.ROWWISE, groups,
-                          rows=False) for n in (P, Q))
-    (xt, sx), (yt, sy) = x.cols_t, y.cols_t  # scales [G, P] and [G, Q]
-    scales = Scales(sx, (sx.stride(1), sx.stride(0)), sy, (0, sy.stride(1), sy.stride(0)))
-    cfg = TileConfig(128, 256, 128, 8, 8, 3)
-    shape = (G, P, Q) if grouped else (P, Q)
-    start = torch.randn(shape, device="cuda").to(out_dtype)
-    out = start.clone() if accumulate else torch.full(shape, float("nan"), device="cuda", dtype=out_dtype)
-    assert blockwise_ws.supported(xt, yt, out, scales, cfg, token_reduction=True)
-    blockwise_ws.blockwise_token_mm(xt, yt, out, scales, cfg, x.padded_offs if grouped else None, accumulate)
-    assert not out.isnan().any()
-    bounds = x.padded_offs.tolist() if grouped else [0, xt.shape[1]]
-    expected = torch.stack([(xt[:, a:b].double() * sx[g].double()[:, None]) @ (yt[:, a:b].double()
-                            * sy[g].double()[:, None]).t() for g, (a, b) in enumerate(itertools.pairwise(bounds))])
-    expected = expected.reshape(shape) + (start.double() if accumulate else 0)
-    assert snr_db(out, expected) >= 45.0  # FP8 tensor cores' accumulation; the output's rounding
 
 
 @pytest.mark.gpu

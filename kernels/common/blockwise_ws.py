@@ -128,8 +128,7 @@ def _tile_at(tile, g, tiles_before, offs_ptr, M, N, K, G,
 @gluon.jit
 def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
                     stride_sbn, stride_sbk, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr, PER_BLOCK: gl.constexpr,
-                    NUM_PROGRAMS: gl.constexpr):
+                    GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     stage_bytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
     # The wide token reduction's column ratios (see _mma_partition): BLOCK_N // 32 columns a lane.
     ratio_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
@@ -141,13 +140,13 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_
         if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
             cols = col0 + gl.arange(0, BLOCK_N, layout=ratio_layout)
             # A scalar base and int32 offsets: a tensor of 64-bit pointers would take twice the registers.
-            sb_base = sb_ptr + _scale_row(k0, g, PER_BLOCK).to(gl.int64) * stride_sbk
+            sb_base = sb_ptr + (k0 // BLOCK_K).to(gl.int64) * stride_sbk
             prev_b = gl.full([BLOCK_N], 1.0, gl.float32, ratio_layout)
         for kb in range(k_tiles):
             s = it % STAGES
             if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):  # loaded before the wait: its latency hides there
-                cur_b = gl.maximum(gl.load(sb_base + _scale_step(kb, PER_BLOCK) * stride_sbk + cols * stride_sbn,
-                                           mask=cols < N, other=1.0), MIN_SCALE)
+                cur_b = gl.maximum(gl.load(sb_base + kb * stride_sbk + cols * stride_sbn, mask=cols < N, other=1.0),
+                                   MIN_SCALE)
             # A fresh barrier counts as having completed the phase before its first: the first lap passes.
             mbarrier.wait(free.index(s), ((it // STAGES) & 1) ^ 1)
             if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):  # the block's column ratios, then its scales
@@ -176,23 +175,6 @@ def _c_tile(c_ptr, g, first_row, col0, row_end, N, stride_cg, stride_cm, ROWS: g
     cols = gl.minimum(col0 + gl.arange(0, COLS, layout=col_layout), N - 1)
     base = c_ptr + g.to(gl.int64) * stride_cg + first_row.to(gl.int64) * stride_cm
     return gl.load(base + gl.expand_dims(rows * stride_cm, 1) + gl.expand_dims(cols, 0))
-
-
-@gluon.jit
-def _scale_row(k0, g, PER_BLOCK: gl.constexpr):
-    """The row of the token reduction's scale tables ([rows of the table, P], P contiguous) a tile starts
-    at: its first 128-token block (blockwise: one row a block) or its group (rowwise: one row a group)."""
-    if PER_BLOCK:
-        return k0 // BLOCK_K
-    return g
-
-
-@gluon.jit
-def _scale_step(kb, PER_BLOCK: gl.constexpr):
-    """Rows of the scale tables past the tile's first at its K block kb: kb blockwise, 0 rowwise."""
-    if PER_BLOCK:
-        return kb
-    return 0
 
 
 @gluon.constexpr_function
@@ -227,8 +209,7 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                   TOKEN_REDUCTION: gl.constexpr, PER_BLOCK: gl.constexpr, ACCUMULATE: gl.constexpr,
-                   NUM_PROGRAMS: gl.constexpr):
+                   TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
@@ -245,7 +226,7 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
         rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
         row_ok = rows < row_end
         first_block = k0 // BLOCK_K
-        sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam + _scale_row(k0, g, PER_BLOCK) * stride_sak
+        sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam + first_block * stride_sak
         if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
             # B is scaled per row (column of C) and 128-token block too: one accumulator holds the sum so
             # far divided by the current block's row scale and column scale (an outer product), rescaled
@@ -254,34 +235,23 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
             # thread, twice, beside the accumulator's 128), and by the last block's scales at the end.
             # ACCUMULATE: the sum starts from C (in units of 1, the scales before the first block), which
             # leaves the epilogue no C to add beside the accumulator (256 registers a thread).
-            # Rowwise (not PER_BLOCK): one scale per row and column over the group's tokens, so the MMAs
-            # add into the accumulator untouched; only a sum started from C is divided by them, once.
             prev_a = gl.full([HALF_M], 1.0, gl.float32, row_layout)
             sa = gl.load(sa_ptrs, mask=row_ok & (k_tiles > 0), other=1.0)
-            if not PER_BLOCK:
-                prev_a = gl.where(k_tiles > 0, gl.maximum(sa, MIN_SCALE), 1.0)
             if ACCUMULATE:
                 # read in 16-byte rows, then moved into the accumulator's layout (its own is 4 bytes a thread)
                 c_tile = _c_tile(c_ptr, g, row0 + HALF * HALF_M, col0, row_end, N, stride_cg, stride_cm, HALF_M,
                                  BLOCK_N, gl.SliceLayout(1, store_layout), gl.SliceLayout(0, store_layout))
                 acc = gl.convert_layout(c_tile, mma_layout).to(gl.float32)
-                if not PER_BLOCK:  # in units of the group's scales, the epilogue's multipliers
-                    cols = col0 + gl.arange(0, BLOCK_N, layout=col_layout)
-                    sb = gl.load(sb_ptr + g.to(gl.int64) * stride_sbk + cols * stride_sbn, mask=cols < N, other=1.0)
-                    last = gl.where(k_tiles > 0, gl.maximum(sb, MIN_SCALE), 1.0)
-                    acc = acc / (gl.expand_dims(prev_a, 1) * gl.expand_dims(last, 0))
             else:
                 acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
             for kb in range(k_tiles):
                 s = it % STAGES
-                if PER_BLOCK:
-                    cur_a = gl.maximum(sa, MIN_SCALE)
-                    ratio_a = gl.expand_dims(prev_a / cur_a, 1)
-                    prev_a = cur_a
-                    sa = gl.load(sa_ptrs + gl.minimum(kb + 1, k_tiles - 1) * stride_sak, mask=row_ok, other=1.0)
+                cur_a = gl.maximum(sa, MIN_SCALE)
+                ratio_a = gl.expand_dims(prev_a / cur_a, 1)
+                prev_a = cur_a
+                sa = gl.load(sa_ptrs + gl.minimum(kb + 1, k_tiles - 1) * stride_sak, mask=row_ok, other=1.0)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                if PER_BLOCK:
-                    acc = acc * ratio_a * gl.expand_dims(ratio_bufs.index(2 * s).load(col_layout), 0)
+                acc = acc * ratio_a * gl.expand_dims(ratio_bufs.index(2 * s).load(col_layout), 0)
                 acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
                                     is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -372,8 +342,7 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
 def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                          BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                         TOKEN_REDUCTION: gl.constexpr, PER_BLOCK: gl.constexpr, ACCUMULATE: gl.constexpr,
-                         NUM_PROGRAMS: gl.constexpr):
+                         TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # The wide token reduction's column ratios and scales, two rows a stage (see _mma_partition); a token
@@ -390,14 +359,12 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
     gl.warp_specialize([
         (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                           stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_BLOCK, ACCUMULATE,
-                          NUM_PROGRAMS)),
+                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                           stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_BLOCK, ACCUMULATE,
-                          NUM_PROGRAMS)),
+                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
-                           stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_BLOCK,
+                           stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION,
                            NUM_PROGRAMS)),
     ], [4, 1], [232, 40])
 
@@ -457,16 +424,15 @@ def triton_tile(cfg: TileConfig) -> TileConfig:
 
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
               token_reduction: bool = False) -> bool:
-    """Whether this kernel runs an FP8 GEMM under `cfg`: blockwise M-grouped `out = a @ b^T` (b [G, N, K],
-    128x128 blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128
-    blocks along the tokens, as a's; or rowwise, one scale per row and group, on 256-wide tiles only). Both
-    want a Hopper GPU (not the interpreter), fp8 operands TMA reads K-major, a row-major output, and a
-    config that means two 64-row warpgroups (BLOCK_M 128, 8 warps) with BLOCK_N 64, 128 or 256 (the token
-    reduction: into a 2-byte output, see token_reduction_tile), and stages that fit in shared memory."""
+    """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
+    blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128 blocks
+    along the tokens, as a's). Both want a Hopper GPU (not the interpreter), fp8 operands TMA reads
+    K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
+    with BLOCK_N 64, 128 or 256 (the token reduction: into a 2-byte output, see token_reduction_tile), and
+    stages that fit in shared memory."""
     b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
-    rowwise_tokens = not scales.per_k_block and _rescales_columns(token_reduction, cfg.BLOCK_N)
     return (
-        (scales.per_k_block or rowwise_tokens) and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
+        scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in (64, 128, 256)
         and (not token_reduction or token_reduction_tile(cfg, out) is cfg)
@@ -489,8 +455,7 @@ def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Sc
         M, N, K, G,
         out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,
         BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, GROUPED=offs is not None,
-        TOKEN_REDUCTION=token_reduction, PER_BLOCK=scales.per_k_block, ACCUMULATE=accumulate,
-        NUM_PROGRAMS=programs, num_warps=4,
+        TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs, num_warps=4,
     )
     return out
 
@@ -515,10 +480,9 @@ def blockwise_token_mm(
     x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
     offs: torch.Tensor | None = None, accumulate: bool = False,
 ) -> torch.Tensor:
-    """out[g] = x[:, tokens_g] @ y[:, tokens_g]^T (`accumulate`: out[g] += it): x [P, tokens] and y [Q, tokens]
-    fp8, tokens contiguous, scaled per row and 128-token block (`scales.a` indexed [p, block], `scales.b`
-    [0, q, block]), or with `scales.per_k_block` off per row and group (the same views with the group for
-    the block: [p, g], [0, q, g]). `offs` (int64 [G + 1], on the device):
+    """out[g] = x[:, tokens_g] @ y[:, tokens_g]^T (`accumulate`: out[g] += it) promoted per 128-token
+    block: x [P, tokens] and y [Q, tokens] fp8, tokens contiguous, scaled per row and 128-token block
+    (`scales.a` indexed [p, block], `scales.b` [0, q, block]). `offs` (int64 [G + 1], on the device):
     the groups' token ranges, each starting on a 128-token block (quantize_both's padded layout), out
     [G, P, Q]; None: one group of all tokens, out [P, Q]. Check `supported(..., token_reduction=True)`."""
     (P, K), Q = x.shape, y.shape[0]

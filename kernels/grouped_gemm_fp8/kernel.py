@@ -233,15 +233,11 @@ def vark_fp8(
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
-    if granularity != Granularity.TENSORWISE:
-        # The warp-specialized kernel's views: [p, table row] and [0, q, table row], the table's rows being
-        # 128-token blocks (blockwise) or groups (rowwise)
-        token_scales = Scales(sx, (sx.stride(1), sx.stride(0)), sy, (0, sy.stride(1), sy.stride(0)),
-                              per_k_block=scales.per_k_block)
+    if granularity == Granularity.BLOCKWISE:
+        token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
         token_cfg = blockwise_ws.token_reduction_tile(cfg, out)
         if blockwise_ws.supported(xt, yt, out, token_scales, token_cfg, token_reduction=True):
             blockwise_ws.blockwise_token_mm(xt, yt, out, token_scales, token_cfg, padded_offs, accumulate)
             return
-    if scales.per_k_block:
         cfg = blockwise_ws.triton_tile(cfg)
     grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)
