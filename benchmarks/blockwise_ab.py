@@ -7,7 +7,8 @@ small bucket, the warp-specialized kernel on 128x128 and 128x256 tiles (`--block
 (`--pass wgrad`, issue 15): the token reduction of both operands quantized 1x128 along the tokens,
 dense 8192^3, DeepSeek-V3 GateUP's 32 experts at 512 and 1024 tokens each and Qwen3-235B's 16 at 2048,
 writing a fresh gradient and adding into a bf16 main_grad, against the Triton kernels under the tuned
-table's config and the same 128x128 tile (`--block-n 128 256`: the warp-specialized kernel's promoting
+table's config (narrowed to 128 wide, as the ops' Triton fallback runs it) and the same 128x128 tile
+(`--block-n 128 256`: the warp-specialized kernel's promoting
 128-wide tile and its rescaled 256-wide one). Each round times every
 variant once, back to back, so all see the same GPU state; the rounds' median is the sustained
 figure, their max what a cool GPU gives.
@@ -90,13 +91,14 @@ def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: 
     scales = Scales(sx, (sx.stride(1), sx.stride(0)), sy, (0, sy.stride(1), sy.stride(0)), per_k_block=True)
     out = torch.zeros((G, P, Q) if G > 1 else (P, Q), device="cuda", dtype=torch.bfloat16)
     if G > 1:
-        table = grouped_config_for("wgrad", T, G, Granularity.BLOCKWISE, (P, Q))
+        # the table's config as the Triton fallback runs it (narrowed where the table's tile is this kernel's)
+        table = blockwise_ws.triton_tile(grouped_config_for("wgrad", T, G, Granularity.BLOCKWISE, (P, Q)))
         vark = VarKScales(sx, (0, *scales.a_strides), sy, scales.b_strides, per_k_block=True)
         triton = {f"triton {c.BLOCK_M}x{c.BLOCK_N} w{c.num_warps} s{c.num_stages}": (
             lambda acc, c=c: grouped_mm_vark(xt, yt, padded, out, c, vark, padded=True, accumulate=acc))
             for c in (table, TRITON_CONFIG)}
     else:  # the dense wgrad's kernels before the token reduction, under the table's config
-        table = dense_config_for("wgrad", P, Q, Granularity.BLOCKWISE)
+        table = blockwise_ws.triton_tile(dense_config_for("wgrad", P, Q, Granularity.BLOCKWISE))
         one_group = torch.tensor([0, P], device="cuda", dtype=torch.int64)
         triton = {f"triton {table.BLOCK_M}x{table.BLOCK_N} w{table.num_warps} s{table.num_stages}": (
             lambda acc: grouped_mm(xt, yt[None], one_group, out, table, scales, True) if acc
