@@ -402,14 +402,6 @@ def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool
     return shared_bytes(block_n, stages, out_element_size, token_reduction) <= SHARED_MEMORY_BYTES
 
 
-def token_reduction_tile(cfg: TileConfig, out: torch.Tensor) -> TileConfig:
-    """The token reduction's config for the table's `cfg` into `out`: 256 wide only into 2-byte outputs (an fp32
-    main_grad, whose tile the 256-wide sum starts from, spills registers there), else narrowed to 128."""
-    if cfg.BLOCK_N > TRITON_MAX_BLOCK_N and out.element_size() > 2:
-        return replace(cfg, BLOCK_N=TRITON_MAX_BLOCK_N)
-    return cfg
-
-
 TRITON_MAX_BLOCK_N = 128
 
 
@@ -420,6 +412,13 @@ def triton_tile(cfg: TileConfig) -> TileConfig:
     if cfg.BLOCK_N > TRITON_MAX_BLOCK_N:
         return replace(cfg, BLOCK_N=TRITON_MAX_BLOCK_N)
     return cfg
+
+
+def token_reduction_tile(cfg: TileConfig, out: torch.Tensor) -> TileConfig:
+    """The token reduction's config for the table's `cfg` into `out`: 256 wide only into 2-byte outputs (an fp32
+    main_grad, whose tile the 256-wide sum starts from, spills registers there), else the promoting tile's
+    width, the Triton kernels' (triton_tile)."""
+    return cfg if out.element_size() <= 2 else triton_tile(cfg)
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
