@@ -15,7 +15,8 @@ layer quantizes its expert weights once per call (MoEMLP.quantize_weights), ever
 and its expert wgrads add into bf16 main_grad buffers zeroed at the start of the call, as
 benchmarks/training_step.py's expert steps do; the others accumulate .grad as autograd does.
 
-    python benchmarks/moe_layer.py --csv moe_layer.csv [--mode cuda-graph] [--accumulate 8]"""
+    python benchmarks/moe_layer.py --csv moe_layer.csv [--mode cuda-graph] [--accumulate 8]
+    python benchmarks/moe_layer.py --kernels --only sonicmoe --accumulate 8   # where each one's GPU time goes"""
 
 from __future__ import annotations
 
@@ -66,7 +67,21 @@ def skewed_tokens(layer: MoEMLP, tokens: int) -> torch.Tensor:
     return (torch.randn(tokens, H, generator=g, device="cuda") + 4 * u).bfloat16().requires_grad_()
 
 
-def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[str, object]]:
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of a layer: its forward (a microbatch's, the weights already quantized), the
+    quantization at an optimizer step's start (FP8 with --accumulate > 1), and one optimizer step's
+    microbatches, forward and backward."""
+
+    name: str
+    forward: Forward
+    quantize: Callable[[], ExpertWeightsFp8] | None
+    step: Callable[[], None]
+
+
+def layer_impls(spec: Layer, accumulate: int = 1) -> tuple[list[Impl], Callable[[], None]]:
+    """The torch layer, our bf16 layer and our FP8 layer on the same weights and skewed tokens, and a
+    function that clears every gradient they accumulate."""
     torch.manual_seed(0)
     bf16 = MoEMLP(spec.hidden, spec.intermediate, spec.router, expert_bias=spec.router.score_func == "sigmoid",
                   dtype=torch.bfloat16, device="cuda")
@@ -75,7 +90,7 @@ def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[
                  fp8=Float8Config(), dtype=torch.bfloat16, device="cuda")
     fp8.load_state_dict(bf16.state_dict())
     grad_out = torch.randn_like(x)
-    params = (x, bf16.gate, bf16.w_gate_up, bf16.w_down)
+    params = (x, bf16.gate, bf16.w_gate_up, bf16.w_down, fp8.gate, fp8.w_gate_up, fp8.w_down)
 
     # The FP8 layer's gradient-accumulation buffers (--accumulate > 1): its expert wgrads add into them.
     main_grads = (torch.zeros_like(fp8.w_gate_up), torch.zeros_like(fp8.w_down)) if accumulate > 1 else None
@@ -104,25 +119,47 @@ def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[
                 ((out * grad_out).sum() + 1e-2 * aux_loss + 1e-3 * z_loss).backward()
         return run
 
+    def clear_grads() -> None:
+        for p in params:
+            p.grad = None
+
+    impls = [("torch", torch_layer, None), ("ours bf16", ours(bf16), None),
+             ("ours fp8", ours(fp8), quantize_fp8 if accumulate > 1 else None)]
+    return [Impl(name, forward, quantize, step(forward, quantize)) for name, forward, quantize in impls], clear_grads
+
+
+def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[str, object]]:
+    impls, clear_grads = layer_impls(spec, accumulate)
     gemm_flops = 6.0 * spec.tokens * spec.router.topk * spec.hidden * spec.intermediate
     rows = []
-    impls = (("torch", torch_layer, None), ("ours bf16", ours(bf16), None),
-             ("ours fp8", ours(fp8), quantize_fp8 if accumulate > 1 else None))
     times = {}
-    for impl, forward, quantize in impls:
-        for p in (*params, fp8.gate, fp8.w_gate_up, fp8.w_down):
-            p.grad = None
-        weights_fp8 = quantize() if quantize else None  # a microbatch's forward: the weights already quantized
-        fwd_ms = timer.time(lambda f=forward, w=weights_fp8: f(w)).median_ms
-        step_ms = timer.time(step(forward, quantize)).median_ms / accumulate
-        times[impl] = step_ms
-        rows.append({"label": spec.label, "impl": impl, "fwd_ms": fwd_ms, "step_ms": step_ms,
+    for impl in impls:
+        clear_grads()
+        weights_fp8 = impl.quantize() if impl.quantize else None  # a microbatch's forward: weights quantized
+        fwd_ms = timer.time(lambda f=impl.forward, w=weights_fp8: f(w)).median_ms
+        step_ms = timer.time(impl.step).median_ms / accumulate
+        times[impl.name] = step_ms
+        rows.append({"label": spec.label, "impl": impl.name, "fwd_ms": fwd_ms, "step_ms": step_ms,
                      "fwd_TFLOPS": gemm_flops / fwd_ms / 1e9, "step_TFLOPS": 3 * gemm_flops / step_ms / 1e9,
-                     "fwd_act_MiB": activation_bytes(lambda f=forward, w=weights_fp8: f(w)) / 2**20})
+                     "fwd_act_MiB": activation_bytes(lambda f=impl.forward, w=weights_fp8: f(w)) / 2**20})
     for row in rows:
         row["ratio"] = times["torch"] / row["step_ms"]
         row["vs_ours_bf16"] = times["ours bf16"] / row["step_ms"]
     return rows
+
+
+def kernel_tables(spec: Layer, accumulate: int) -> None:
+    """Each implementation's GPU kernels over one optimizer step (after a warm-up step), by total time."""
+    impls, clear_grads = layer_impls(spec, accumulate)
+    for impl in impls:
+        clear_grads()
+        impl.step()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            impl.step()
+            torch.cuda.synchronize()
+        print(f"=== {spec.label} {impl.name}, one step of {accumulate} microbatches")
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=24, max_name_column_width=80))
 
 
 def main() -> None:
@@ -134,9 +171,17 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1,
                         help="microbatches per optimizer step, timed as one call (our FP8 layer quantizes its "
                              "expert weights once per step)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="print each implementation's kernel table (torch.profiler) instead of timing")
     args = parser.parse_args()
     if args.accumulate < 1:
         parser.error("--accumulate must be at least 1")
+    if args.kernels:
+        for spec in LAYERS:
+            if args.only in spec.label:
+                kernel_tables(spec, args.accumulate)
+                torch.cuda.empty_cache()
+        return
     timer = Timer(torch.device("cuda"), mode=args.mode, repeats=args.repeats, warmup=3)
     rows = []
     for spec in LAYERS:

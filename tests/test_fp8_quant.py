@@ -3,7 +3,16 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.device import default_device
-from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_cols_t, quantize_rows
+from kernels.common.fp8 import (
+    Granularity,
+    RowGroups,
+    RowSource,
+    quantize_blocks_2d,
+    quantize_both,
+    quantize_cols_t,
+    quantize_rows,
+    token_layout,
+)
 from kernels.grouped_gemm import group_offsets
 
 E4M3 = torch.float8_e4m3fn
@@ -99,3 +108,44 @@ def test_quantize_both_on_stacked_weights_matches_quantize_rows_per_expert(granu
     assert qt.shape == (40, 3 * 128)  # each expert's rows start on a 128 boundary
     for g in range(3):
         assert snr_db(_dequantized_group(qt, st, granularity, g, 128 * g, 70), w[70 * g:70 * (g + 1)]) > 28
+
+
+@pytest.mark.parametrize("granularity", list(Granularity), ids=lambda g: g.value)
+@pytest.mark.parametrize("read", ["gather", "gather-weighted", "gather-glu"])
+def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(granularity, read):
+    """Rows read through an index (some -1: zero rows), scaled per row or a SwiGLU's input, on skewed and
+    empty groups: every layout and scale equals quantize_both of the copy written out in fp32."""
+    device = default_device()
+    T, C, R = 23, 272, 150
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(T, C, generator=g).half().to(device)
+    rows = torch.randint(-1, T, (R,), generator=g, dtype=torch.int32).to(device)
+    weight = torch.rand(R, generator=g).to(device) if read == "gather-weighted" else None
+    offs = group_offsets(torch.tensor([0, 131, 0, 2, 17], dtype=torch.int64, device=device))
+    copy = torch.where((rows >= 0)[:, None], x[rows.clamp(min=0).long()].float(), 0.0)
+    if weight is not None:
+        copy = copy * weight[:, None]
+    glu = read == "gather-glu"
+    want = quantize_both(copy, E4M3, granularity, RowGroups.tokens(offs), glu=glu)
+    got = quantize_both(x, E4M3, granularity, RowGroups.tokens(offs), glu=glu, source=RowSource(rows, weight))
+    for layout in ("rows", "cols_t"):
+        for g_t, w_t in zip(getattr(got, layout), getattr(want, layout), strict=True):
+            assert torch.equal(g_t.float(), w_t.float()), layout
+    assert torch.equal(got.padded_offs, want.padded_offs)
+
+
+def test_quantize_both_refuses_a_row_source_of_the_wrong_kind():
+    x = torch.randn(4, 128, device=default_device()).half()
+    groups = RowGroups.equal(1, 8)
+    with pytest.raises(ValueError, match="RowSource holds int32 rows"):
+        quantize_both(x, E4M3, Granularity.ROWWISE, groups, source=RowSource(torch.zeros(8, dtype=torch.int64)))
+
+
+def test_token_layout_maps_each_block_to_its_group_past_empty_groups():
+    """Each 128-row block's group is the number of groups that end at or before it: empty groups are
+    skipped, and the blocks past the last group (the slack and a grid's extra programs) find G."""
+    device = default_device()
+    lens = torch.tensor([0, 130, 0, 0, 5, 257, 0], dtype=torch.int64, device=device)
+    layout = token_layout(group_offsets(lens), 12)
+    assert layout.padded_offs.tolist() == [0, 0, 256, 256, 256, 384, 768, 768]
+    assert layout.block_groups.tolist() == [1, 1, 4, 5, 5, 5, 7, 7, 7, 7, 7, 7]

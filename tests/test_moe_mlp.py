@@ -13,7 +13,7 @@ from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_bo
 from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm_fp8 import prequantize_weight
 from kernels.moe import ExpertWeightsFp8, MoEMLP, RouterConfig, moe_experts, swiglu, swiglu_down_fp8
-from kernels.moe.reference import loop_experts, torch_moe_mlp
+from kernels.moe.reference import loop_experts, torch_moe_experts, torch_moe_mlp
 from tests.graph_replay import replay_and_eager
 
 # name: (router, tokens, hidden, intermediate)
@@ -89,6 +89,33 @@ def test_fp8_layer_matches_a_float64_layer(device, half_dtype):
     snrs = [snr_db(out, ref), *(snr_db(p.grad, p64.grad) for p, p64 in
                                 zip((x, layer.gate, layer.w_gate_up, layer.w_down), params64, strict=True))]
     assert min(snrs) >= floor, snrs
+
+
+@pytest.mark.parametrize("granularity", list(Granularity), ids=lambda g: g.value)
+def test_fp8_experts_match_float64_on_skewed_routing_with_empty_experts(granularity, device, half_dtype):
+    """moe_experts in FP8 (tokens quantized in expert order straight from x, the combine's gradient
+    straight from the output's): most pairs on two experts, four experts empty; the output and the
+    gradients of x, probs and both stacks by SNR against float64."""
+    T, H, inter, E, topk = 45, 64, 40, 8, 2
+    g = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.where(torch.rand(T, generator=g) < 0.8, 0, 5),
+                       torch.where(torch.rand(T, generator=g) < 0.7, 3, 6)], dim=1).to(device)
+    probs = torch.rand(T, topk, generator=g).to(device).requires_grad_()
+    x = torch.randn(T, H, generator=g).to(device, half_dtype).requires_grad_()
+    w_gate_up = (torch.randn(E, 2 * inter, H, generator=g) * H**-0.5).to(device, half_dtype).requires_grad_()
+    w_down = (torch.randn(E, H, inter, generator=g) * inter**-0.5).to(device, half_dtype).requires_grad_()
+    grad_out = torch.randn(T, H, generator=g).to(device, half_dtype)
+    leaves = (x, probs, w_gate_up, w_down)
+    out = moe_experts(x, ids, probs, w_gate_up, w_down, fp8=Float8Config(granularity=granularity))
+    (out * grad_out).sum().backward()
+    leaves64 = [leaf.detach().double().requires_grad_() for leaf in leaves]
+    ref = torch_moe_experts(leaves64[0], ids, *leaves64[1:], experts=loop_experts)
+    (ref * grad_out.double()).sum().backward()
+    floor = snr_threshold("e4m3") - 5  # two quantized GEMMs in a row
+    snrs = {"out": snr_db(out, ref), **{name: snr_db(leaf.grad, leaf64.grad) for name, leaf, leaf64 in
+                                         zip(("x", "probs", "w_gate_up", "w_down"), leaves, leaves64, strict=True)}}
+    assert min(snrs.values()) >= floor, snrs
+    assert torch.all(w_gate_up.grad[[1, 2, 4, 7]] == 0) and torch.all(w_down.grad[[1, 2, 4, 7]] == 0)
 
 
 def test_prequantized_expert_weights_give_the_same_microbatches(device, half_dtype):

@@ -9,7 +9,7 @@ import torch
 from harness.snr import snr_db
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
 from kernels.moe import RowMap, capacity_for, permute, unpermute
-from kernels.moe.permute import rank_block, route_and_scatter, scatter_rows
+from kernels.moe.permute import rank_block, route_and_scatter, scatter_rows, sort_by_expert
 from tests.graph_replay import replay_and_eager
 
 
@@ -89,7 +89,7 @@ def test_permute_forward_is_the_stable_sort_into_poisoned_buffers(case, pad_to, 
     capacity = capacity_for(T, K, E, pad_to)
     permuted = torch.full((capacity, x.shape[1]), math.nan, dtype=x.dtype, device=device)
     pprobs = torch.full((capacity,), math.nan, dtype=probs.dtype, device=device)
-    row_map, lens = route_and_scatter(x, ids, probs, E, pad_to, permuted, pprobs)
+    row_map, lens = route_and_scatter(x, ids, probs, E, pad_to, capacity, permuted, pprobs)
     ref_permuted, ref_pprobs, ref_rows, ref_lens, ref_offs = reference_permute(x, ids, probs, E, pad_to)
     assert torch.equal(row_map.rows.long(), ref_rows)
     assert lens.dtype == torch.int64 and torch.equal(lens.cpu(), ref_lens)
@@ -97,6 +97,24 @@ def test_permute_forward_is_the_stable_sort_into_poisoned_buffers(case, pad_to, 
     assert bool((lens % pad_to == 0).all())
     assert torch.equal(permuted.double(), ref_permuted)  # exact copies, zeros elsewhere: no NaN left
     assert torch.equal(pprobs.double(), ref_pprobs)
+
+
+@pytest.mark.parametrize("pad_to", [1, 128])
+@pytest.mark.parametrize("case", CASES)
+def test_sort_by_expert_is_permute_without_the_copies(case, pad_to, device, half_dtype):
+    """The same row map and groups as permute; sources the inverse of the row map (-1 on the rows no
+    pair fills); each filled row's probability."""
+    x, ids, probs, E = make(case, device, half_dtype)
+    order = sort_by_expert(ids, probs, num_experts=E, pad_to=pad_to)
+    p = permute(x, ids, probs, num_experts=E, pad_to=pad_to)
+    assert torch.equal(order.row_map.rows, p.row_map.rows) and torch.equal(order.group_offs, p.group_offs)
+    assert torch.equal(order.group_lens, p.group_lens) and order.sources.numel() == p.row_map.capacity
+    rows = p.row_map.rows.long()
+    want = torch.full((p.row_map.capacity,), -1, dtype=torch.int32, device=device)
+    want[rows[rows >= 0]] = torch.arange(ids.shape[0], device=device)[:, None].expand_as(rows)[rows >= 0].int()
+    assert torch.equal(order.sources, want)
+    filled = want >= 0
+    assert torch.equal(order.permuted_probs[filled], p.permuted_probs[filled])
 
 
 @pytest.mark.parametrize("pad_to", [1, 16])
@@ -212,7 +230,7 @@ def test_ids_out_of_range_are_dropped_by_the_kernels_not_written_out_of_bounds(d
     ids[3, 1], ids[10, 0] = E, -1
     T, K = ids.shape
     permuted = torch.full((capacity_for(T, K, E, 16), x.shape[1]), math.nan, dtype=x.dtype, device=device)
-    row_map, _ = route_and_scatter(x, ids, probs, E, 16, permuted, None)
+    row_map, _ = route_and_scatter(x, ids, probs, E, 16, permuted.shape[0], permuted, None)
     assert row_map.rows[3, 1] == -1 and row_map.rows[10, 0] == -1
     assert int(row_map.counts.sum()) == T * K - 2
     assert not bool(permuted.isnan().any())
@@ -236,6 +254,9 @@ def test_bad_inputs_raise_one_line_value_errors(device):
         (lambda: permute(x, ids, num_experts=0), "positive int"),
         (lambda: permute(x, ids, num_experts=4, pad_to=64), "pad_to must be one of"),
         (lambda: permute(x, ids[:, 0], num_experts=4), "int32 or int64 \\[T, topk\\]"),
+        (lambda: sort_by_expert(ids + 4, num_experts=4), r"sort_by_expert: expert_ids holds ids outside \[0, 4\)"),
+        (lambda: sort_by_expert(ids, probs[:, :1], num_experts=4), r"sort_by_expert: probs must be \[T, topk\]"),
+        (lambda: sort_by_expert(ids, num_experts=4, pad_to=3), "sort_by_expert: pad_to must be one of"),
     ]
     r = permute(x, ids, num_experts=4, pad_to=16)
     cases += [

@@ -159,13 +159,14 @@ def _quantize_rows_kernel(
 
 
 @triton.jit
-def _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: tl.constexpr, BLOCK_T: tl.constexpr):
+def _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: tl.constexpr,
+                 BLOCK_T: tl.constexpr):
     """Rows of x behind padded token block `tb`, their mask, and the block's group (G past the last group).
 
     Equal groups of GROUP_ROWS rows (a dense tensor, stacked expert weights) are found by division;
-    groups of any size by a binary search of the padded offsets (the block's group is the number of
-    groups that end at or before it). Blocks past the last group (the buffer's slack) get an all-false
-    mask: they write zeros.
+    groups of any size in the token layout's block map (one load: a binary search of the padded offsets
+    in every program cost 11-18% of the passes at 128 groups). Blocks past the last group (the buffer's
+    slack) get an all-false mask: they write zeros.
     """
     if EQUAL_GROUPS:
         blocks_per_group = tl.maximum(tl.cdiv(GROUP_ROWS, BLOCK_T), 1)
@@ -175,14 +176,7 @@ def _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: 
         first_row = start + (tb - g * blocks_per_group).to(tl.int64) * BLOCK_T
     else:
         position = tb.to(tl.int64) * BLOCK_T
-        lo = tl.full((), 0, tl.int32)
-        hi = G + lo
-        while lo < hi:
-            mid = (lo + hi) // 2
-            ends_before = tl.load(padded_offs_ptr + mid + 1) <= position
-            lo = tl.where(ends_before, mid + 1, lo)
-            hi = tl.where(ends_before, hi, mid)
-        g = lo
+        g = tl.load(block_groups_ptr + tb)
         last = tl.minimum(g, G - 1)
         start = tl.load(offs_ptr + last).to(tl.int64)
         end = tl.where(g < G, tl.load(offs_ptr + last + 1).to(tl.int64), start)
@@ -193,43 +187,68 @@ def _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: 
 
 @fast_launch
 @triton.jit
-def _padded_offsets_kernel(offs_ptr, padded_ptr, G, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr):
-    """padded[g+1] = sum over groups <= g of len rounded up to BLOCK_T; one program."""
+def _token_layout_kernel(offs_ptr, padded_ptr, block_groups_ptr, G, n_blocks,
+                         BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCKS: tl.constexpr):
+    """padded[g+1] = sum over groups <= g of len rounded up to BLOCK_T (program 0 stores it); each program
+    also maps BLOCKS token blocks to their group: the number of groups that end at or before the block
+    (G for the slack past the last group; an empty group ends where it starts and is skipped)."""
     i = tl.arange(0, BLOCK_G)
     lens = tl.load(offs_ptr + i + 1, mask=i < G, other=0) - tl.load(offs_ptr + i, mask=i < G, other=0)
     padded = tl.cumsum((lens + BLOCK_T - 1) // BLOCK_T * BLOCK_T, 0)
-    tl.store(padded_ptr + i + 1, padded, mask=i < G)
-    tl.store(padded_ptr, tl.zeros((), padded_ptr.dtype.element_ty))
+    if tl.program_id(0) == 0:
+        tl.store(padded_ptr + i + 1, padded, mask=i < G)
+        tl.store(padded_ptr, tl.zeros((), padded_ptr.dtype.element_ty))
+    blocks = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    ends_before = (padded[None, :] <= blocks.to(tl.int64)[:, None] * BLOCK_T) & (i < G)[None, :]
+    tl.store(block_groups_ptr + blocks, tl.sum(ends_before.to(tl.int32), axis=1), mask=blocks < n_blocks)
 
 
 @triton.jit
-def _load_tile(x_ptr, rows, cols, mask, stride_x, C, GLU: tl.constexpr):
-    """A tile of x in fp32 (masked elements 0). GLU: x is a SwiGLU's input [R, 2C] (gate columns, then up)
-    and the tile is silu(gate) * up, computed here instead of read from a written SwiGLU output."""
-    ptrs = x_ptr + rows[:, None] * stride_x + cols[None, :]
+def _load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weight_ptr,
+               GLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr):
+    """Rows `rows` of the tensor being quantized, in fp32 (masked elements 0). GLU: x is a SwiGLU's input
+    [R, 2C] (gate columns, then up) and the tile is silu(gate) * up, computed here instead of read from a
+    written SwiGLU output. GATHER: row r is x's row src[r] (none where src[r] < 0: zeros); WEIGHTED:
+    times weight[r] (see RowSource)."""
+    if GATHER:
+        src = tl.load(src_ptr + rows, mask=row_mask, other=-1)
+        row_mask = row_mask & (src >= 0)
+        x_rows = src.to(tl.int64)
+    else:
+        x_rows = rows
+    mask = row_mask[:, None] & col_mask[None, :]
+    ptrs = x_ptr + x_rows[:, None] * stride_x + cols[None, :]
     if GLU:
         gate = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(ptrs + C, mask=mask, other=0.0).to(tl.float32)
-        return gate * tl.sigmoid(gate) * up
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        x = gate * tl.sigmoid(gate) * up
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHTED:
+        x = x * tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    return x
 
 
 @fast_launch
 @triton.jit
 def _amax_both_kernel(
-    x_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr, G, R, C, stride_x, GROUP_ROWS,
-    ROWWISE: tl.constexpr, ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr,
+    x_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr, block_groups_ptr, src_ptr, weight_ptr, G, R, C,
+    stride_x,
+    GROUP_ROWS, ROWWISE: tl.constexpr, ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr,
     EQUAL_GROUPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr,
+    GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
     """The first pass of a rowwise or tensorwise quantization, one read of x for every scale it needs:
     ROWWISE: amax per (group, column) and, for ROWS, per row; else amax per group or of the tensor."""
     tb = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
-    rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS, BLOCK_T)
+    rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS,
+                                     BLOCK_T)
     last = tl.minimum(g, G - 1)  # a slack block (g == G) holds zeros: adding it to the last group changes nothing
     # Masked rows and columns read 0, the amax's initial value: they change nothing.
-    x = tl.abs(_load_tile(x_ptr, rows, cols, row_mask[:, None] & col_mask[None, :], stride_x, C, GLU))
+    x = tl.abs(_load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weight_ptr, GLU, GATHER,
+                          WEIGHTED))
     # Non-negative floats order as their bit patterns do: one integer atomic max each, where a float
     # atomic max costs two (a max for positives, a min for negatives).
     row_amax_bits = row_amax_ptr.to(tl.pointer_type(tl.int32))
@@ -246,14 +265,15 @@ def _amax_both_kernel(
 @triton.jit
 def _quantize_both_kernel(
     x_ptr, q_ptr, qt_ptr, scale_ptr, scale_t_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr,
-    G, R, C, stride_x, stride_q, stride_qt, GROUP_ROWS, TOKEN_BLOCKS, SCALE_GROUPS,
+    block_groups_ptr, src_ptr, weight_ptr, G, R, C, stride_x, stride_q, stride_qt, GROUP_ROWS, TOKEN_BLOCKS,
+    SCALE_GROUPS,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
     MODE: tl.constexpr,  # 0 tensorwise, 1 rowwise (amax from _amax_both_kernel), 2 blockwise (scales here)
     ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr, EQUAL_GROUPS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
-    """One read of a [BLOCK_T, BLOCK_C] tile of x (GLU: of silu(gate) * up, see _load_tile), one or two fp8
-    layouts written from it:
+    """One read of a [BLOCK_T, BLOCK_C] tile of x (GLU: of silu(gate) * up; GATHER, WEIGHTED: of rows read
+    through an index and scaled; see _load_tile), one or two fp8 layouts written from it:
 
     q^T [C, capacity] scaled along the rows within each group (per tensor, per (group, column), or per
     128x1 block), every group padded with zeros to whole 128-row blocks, the wgrad's operand; and for
@@ -265,9 +285,10 @@ def _quantize_both_kernel(
     cb = tl.program_id(1)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
-    rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS, BLOCK_T)
+    rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS,
+                                     BLOCK_T)
     last = tl.minimum(g, G - 1)
-    x = _load_tile(x_ptr, rows, cols, row_mask[:, None] & col_mask[None, :], stride_x, C, GLU)
+    x = _load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weight_ptr, GLU, GATHER, WEIGHTED)
     if MODE == 2:  # BLOCK_C == BLOCK_T == 128: the tile is one 1x128 block per row, one 128x1 per column
         row_scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
         col_scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
@@ -285,21 +306,23 @@ def _quantize_both_kernel(
             amax = tl.load(group_amax_ptr + tb * C + cols, mask=col_mask, other=0.0)
             tl.store(scale_t_ptr + tb * C + cols, tl.maximum(amax, EPS) / FP8_MAX, mask=col_mask)
     else:
-        scale = tl.maximum(tl.load(group_amax_ptr + last * TENSOR_PER_GROUP), EPS) / FP8_MAX
-        row_scale = tl.full((BLOCK_T,), 1.0, tl.float32) * scale
-        col_scale = tl.full((BLOCK_C,), 1.0, tl.float32) * scale
+        # The tensor's (group's) scale loaded as vectors along the tile's rows and columns, as the rowwise
+        # scales are: broadcast from a scalar instead, Triton 3.6 wrote a wrong q^T on the H100 for tiles
+        # computed in fp32 (fp32 inputs, a SwiGLU's, scaled rows).
+        amax_at = group_amax_ptr + last * TENSOR_PER_GROUP
+        row_scale = tl.maximum(tl.load(amax_at + rows * 0), EPS) / FP8_MAX
+        col_scale = tl.maximum(tl.load(amax_at + cols * 0), EPS) / FP8_MAX
         if (cb == 0) & (tb < SCALE_GROUPS):
             tl.store(scale_ptr + tb, tl.maximum(tl.load(group_amax_ptr + tb), EPS) / FP8_MAX)
     if ROWS:
         q = to_fp8_range(x * (1.0 / row_scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q.to(q_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])
-    qt = to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-    qt = qt.to(qt_ptr.dtype.element_ty)
+    qt = tl.trans(to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE))
     dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
     # Programs past the layout (tb >= TOKEN_BLOCKS) only write scales.
     in_layout = dest < TOKEN_BLOCKS * BLOCK_T
-    tl.store(qt_ptr + cols[:, None] * stride_qt + dest[None, :], tl.trans(qt),
+    tl.store(qt_ptr + cols[:, None] * stride_qt + dest[None, :], qt.to(qt_ptr.dtype.element_ty),
              mask=col_mask[:, None] & in_layout[None, :])
 
 
@@ -382,18 +405,18 @@ def quantize_rows(
 @dataclass(frozen=True)
 class RowGroups:
     """Which rows of an [R, C] tensor form each group of the transposed layout: `offs` [G+1] on the
-    device for token groups of any size (a router's split; `padded`, their padded offsets, if already
-    computed), else `count` groups of `size` rows each (a dense tensor is one group; a stack of expert
-    weights, one per expert)."""
+    device for token groups of any size (a router's split; `layout`, their token layout, if already
+    computed for the same rows), else `count` groups of `size` rows each (a dense tensor is one group; a
+    stack of expert weights, one per expert)."""
 
     count: int
     offs: torch.Tensor | None = None
     size: int = 0
-    padded: torch.Tensor | None = None
+    layout: TokenLayout | None = None
 
     @classmethod
-    def tokens(cls, offs: torch.Tensor, padded: torch.Tensor | None = None) -> RowGroups:
-        return cls(offs.numel() - 1, offs, padded=padded)
+    def tokens(cls, offs: torch.Tensor, layout: TokenLayout | None = None) -> RowGroups:
+        return cls(offs.numel() - 1, offs, layout=layout)
 
     @classmethod
     def equal(cls, count: int, size: int) -> RowGroups:
@@ -407,22 +430,54 @@ class RowGroups:
 
 
 @dataclass(frozen=True)
+class RowSource:
+    """Rows of x read through an index: row r of the tensor quantized is weight[r] * x[rows[r]], zeros
+    where rows[r] < 0, so that a permuted copy of x (an MoE layer's tokens sorted by expert; the
+    combine's gradient, each copy scaled by its probability) is quantized without ever being written.
+    rows: int32 [R] on x's device; weight: [R] (any float dtype) or None for 1."""
+
+    rows: torch.Tensor
+    weight: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Where token groups sit in the transposed layout: `padded_offs` [G+1], the group offsets with every
+    length rounded up to 128; `block_groups` int32, each 128-row block's group (G past the last one)."""
+
+    padded_offs: torch.Tensor
+    block_groups: torch.Tensor
+
+
+# Token blocks a program of _token_layout_kernel maps.
+LAYOUT_BLOCKS = 128
+
+
+def token_layout(group_offs: torch.Tensor, blocks: int) -> TokenLayout:
+    """The token layout of groups at `group_offs` [G+1] over `blocks` 128-row blocks, in one launch on the
+    device (no host sync)."""
+    G = group_offs.numel() - 1
+    padded = torch.empty_like(group_offs)
+    block_groups = torch.empty(blocks, dtype=torch.int32, device=group_offs.device)
+    _token_layout_kernel[(max(1, cdiv(blocks, LAYOUT_BLOCKS)),)](
+        group_offs, padded, block_groups, G, blocks, BLOCK_G=triton.next_power_of_2(max(G, 1)), BLOCK_T=BLOCK,
+        BLOCKS=LAYOUT_BLOCKS)
+    return TokenLayout(padded, block_groups)
+
+
+@dataclass(frozen=True)
 class Quantized:
     """What `quantize_both` wrote: `rows` (q [R, C], scale) for the passes that reduce over C, `cols_t`
     (q^T [C, capacity], scale) for the wgrad, which reduces over the rows of each group, and the groups'
-    padded offsets (token groups only). Scale shapes: see quantize_both."""
+    token layout (token groups only). Scale shapes: see quantize_both."""
 
     rows: tuple[torch.Tensor, torch.Tensor] | None
     cols_t: tuple[torch.Tensor, torch.Tensor] | None
-    padded_offs: torch.Tensor | None
+    layout: TokenLayout | None
 
-
-def padded_offsets(group_offs: torch.Tensor) -> torch.Tensor:
-    """Group offsets [G+1] with every group's length rounded up to 128 (on the device, no host sync)."""
-    G = group_offs.numel() - 1
-    padded = torch.empty_like(group_offs)
-    _padded_offsets_kernel[(1,)](group_offs, padded, G, BLOCK_G=triton.next_power_of_2(max(G, 1)), BLOCK_T=BLOCK)
-    return padded
+    @property
+    def padded_offs(self) -> torch.Tensor | None:
+        return self.layout.padded_offs if self.layout is not None else None
 
 
 def padded_capacity(rows: int, groups: int) -> int:
@@ -433,12 +488,15 @@ def padded_capacity(rows: int, groups: int) -> int:
 def quantize_both(
     x: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granularity, groups: RowGroups,
     rows: bool = True, cols: bool = True, tensor_per_group: bool = False, glu: bool = False,
+    source: RowSource | None = None,
 ) -> Quantized:
     """Quantize a row-major [R, C] tensor into the layouts a training step reads, in one pass over x
     (blockwise) or two (rowwise, tensorwise: the amax, then the casts), each layout only if asked for.
     `glu`: x is a SwiGLU's input [R, 2C] (gate columns, then up) and what is quantized is
-    silu(gate) * up, computed in fp32 in each pass: the SwiGLU output is never written (the transposed
-    layout is written even without `cols`).
+    silu(gate) * up, computed in fp32 in each pass: the SwiGLU output is never written. `source`: the
+    tensor quantized has R = source.rows.numel() rows, each a row of x read through the index (and
+    scaled), in fp32 in each pass (see RowSource). With either, the transposed layout is written even
+    without `cols`.
 
     rows: q [R, C] with TENSORWISE scale [1] ([G] with `tensor_per_group`), ROWWISE [R], BLOCKWISE
     [R, cdiv(C, 128)]. cols_t: q^T [C, groups.capacity(R)], group g in columns [padded[g],
@@ -451,16 +509,25 @@ def quantize_both(
         raise ValueError(f"quantize_both: x must be 2-D with contiguous rows, got {tuple(x.shape)} {x.stride()}")
     if glu and x.shape[1] % 2:
         raise ValueError(f"quantize_both: a SwiGLU input must have an even number of columns, got {x.shape[1]}")
-    R, C = x.shape[0], x.shape[1] // 2 if glu else x.shape[1]
-    if not cols and not glu:  # one layout along the rows: quantize_rows, one kernel that needs no zeroed amax
+    if source is not None and (source.rows.dtype != torch.int32 or source.rows.ndim != 1 or (
+            source.weight is not None and source.weight.shape != source.rows.shape)):
+        raise ValueError("quantize_both: a RowSource holds int32 rows [R] and weights [R] or None, got "
+                         f"{source.rows.dtype} {list(source.rows.shape)} and "
+                         f"{None if source.weight is None else list(source.weight.shape)}")
+    R = x.shape[0] if source is None else source.rows.numel()
+    C = x.shape[1] // 2 if glu else x.shape[1]
+    if not cols and not glu and source is None:  # one layout along the rows: quantize_rows, one kernel
         segment_rows = groups.size if tensor_per_group and granularity == Granularity.TENSORWISE else None
         return Quantized(quantize_rows(x, fp8_dtype, granularity, segment_rows), None, None)
     G, device = groups.count, x.device
     equal = groups.offs is None
     capacity = groups.capacity(R)
-    padded = None if equal else groups.padded if groups.padded is not None else padded_offsets(groups.offs)
+    token_blocks = capacity // BLOCK
+    layout = None
+    if not equal:  # the map covers every program of the grids below (those past the layout find group G)
+        layout = groups.layout or token_layout(groups.offs, max(token_blocks, G))
     offs = x if equal else groups.offs  # pointers the kernels never read for equal groups
-    padded_ptr = x if equal else padded
+    padded_ptr, block_groups_ptr = (x, x) if equal else (layout.padded_offs, layout.block_groups)
     q = torch.empty((R, C), dtype=fp8_dtype, device=device) if rows else None
     qt = torch.empty((C, capacity), dtype=fp8_dtype, device=device)
     row_amax = group_amax = scale = scale_t = None
@@ -481,26 +548,28 @@ def quantize_both(
         group_amax = row_amax = torch.zeros(scale_groups, dtype=torch.float32, device=device)
         scale = scale_t = torch.empty(scale_groups, dtype=torch.float32, device=device)
         mode = 0
-    token_blocks = capacity // BLOCK
-    common = dict(G=G, R=R, C=C, stride_x=x.stride(0), GROUP_ROWS=groups.size, EQUAL_GROUPS=equal)
+    src, weight = (source.rows, source.weight) if source is not None else (None, None)
+    common = dict(src_ptr=x if src is None else src, weight_ptr=x if weight is None else weight, G=G, R=R, C=C,
+                  stride_x=x.stride(0), GROUP_ROWS=groups.size, EQUAL_GROUPS=equal, GLU=glu,
+                  GATHER=src is not None, WEIGHTED=weight is not None)
     if C and (R or scale_groups):
         if mode != 2 and R:
             _amax_both_kernel[(token_blocks, cdiv(C, BLOCK))](
-                x, row_amax, group_amax, offs, padded_ptr, **common, ROWWISE=mode == 1, ROWS=rows,
-                TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK, GLU=glu, num_warps=8,
+                x, row_amax, group_amax, offs, padded_ptr, block_groups_ptr, **common, ROWWISE=mode == 1, ROWS=rows,
+                TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK, num_warps=8,
             )
         unused = scale_t  # stands in for the pointers a mode does not read
         _quantize_both_kernel[(max(token_blocks, scale_groups), cdiv(C, BLOCK))](
             x, qt if q is None else q, qt, unused if scale is None else scale, scale_t,
             unused if row_amax is None else row_amax, unused if group_amax is None else group_amax,
-            offs, padded_ptr, **common, stride_q=C, stride_qt=capacity,
+            offs, padded_ptr, block_groups_ptr, **common, stride_q=C, stride_qt=capacity,
             TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
-            MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK, GLU=glu,
+            MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
             num_warps=4,  # 4 warps measured up to 15% faster than 8 (H100, 2026-11-23)
         )
     elif mode == 0:  # nothing to read: the scale of an all-zero tensor
         scale.fill_(AMAX_EPS / FP8_MAX[fp8_dtype])
-    return Quantized((q, scale) if rows else None, (qt, scale_t), padded)
+    return Quantized((q, scale) if rows else None, (qt, scale_t), layout)
 
 
 def quantize_cols_t(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, quantize_both
+from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, RowSource, quantize_both
 from kernels.grouped_gemm import check_grouped_inputs
 from kernels.grouped_gemm_fp8.kernel import (
     ForBackward,
@@ -52,17 +52,21 @@ def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Conf
 def fp8_forward(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
     needs: tuple[bool, bool] = (False, False), b_fp8: WeightFp8 | None = None, a_glu: bool = False,
+    a_source: RowSource | None = None,
 ) -> ForBackward:
     """out[rows_g] = a[rows_g] @ op(b[g]) in FP8; `needs` = (grad of a, grad of b) says what to keep;
     `b_fp8`, b already quantized (prequantize_weight), skips quantizing it. `a_glu`: a is a SwiGLU's input
     [rows, 2K] and the GEMM's A is silu(a[:, :K]) * a[:, K:], computed in its quantization (quantize_both's
-    glu): an MoE layer's Down GEMM without the SwiGLU output ever written."""
+    glu): an MoE layer's Down GEMM without the SwiGLU output ever written. `a_source`: the GEMM's A has
+    a_source.rows.numel() rows, each a row of a read through the index (an MoE layer's GateUP GEMM on the
+    tokens without their permuted copy ever written)."""
     need_da, need_db = needs
     gran = config.granularity
-    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db, glu=a_glu)
+    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db, glu=a_glu,
+                        source=a_source)
     weight, dgrad_weight = weight_operands(b, trans_b, config.forward_dtype, gran, need_da, b_fp8)
     m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out)
-    return ForBackward(a_q.cols_t, dgrad_weight, a_q.padded_offs)
+    return ForBackward(a_q.cols_t, dgrad_weight, a_q.layout)
 
 
 def for_backward(
@@ -71,24 +75,29 @@ def for_backward(
     """What fp8_forward keeps for both gradients, quantized on its own (to time the backward alone)."""
     a_q = quantize_both(a, config.forward_dtype, config.granularity, RowGroups.tokens(offs), rows=False)
     dgrad_weight = QuantizedWeight.quantize(b.contiguous(), trans_b, config.forward_dtype, config.granularity)
-    return ForBackward(a_q.cols_t, dgrad_weight, a_q.padded_offs)
+    return ForBackward(a_q.cols_t, dgrad_weight, a_q.layout)
 
 
 def fp8_backward(
     grad_out: torch.Tensor, saved: ForBackward, offs: torch.Tensor, trans_b: bool, config: Float8Config,
     grad_a: torch.Tensor | None, grad_b: torch.Tensor | None, accumulate_b: bool = False,
+    grad_source: RowSource | None = None,
 ) -> None:
     """grad_a = grad_out @ b_g per group (dgrad) and grad_b[g] = grad_out_g^T @ a_g (trans_b) or
     a_g^T @ grad_out_g (wgrad, reducing over group g's tokens), each into its buffer if given;
-    `accumulate_b`: grad_b[g] += the wgrad instead."""
+    `accumulate_b`: grad_b[g] += the wgrad instead. `grad_source`: the output's gradient is grad_out's
+    rows read through the index and scaled (an MoE layer's Down GEMM under the combine's gradient,
+    never written permuted)."""
     gran = config.granularity
-    groups = RowGroups.tokens(offs, saved.padded_offs)
-    g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None)
+    groups = RowGroups.tokens(offs, saved.layout)
+    g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None,
+                      source=grad_source)
     if grad_a is not None:
         m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a)
     if grad_b is not None:
         x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
-        vark_fp8(x, y, g.padded_offs, grad_out.shape[0], gran, grad_b, accumulate_b)
+        tokens = grad_out.shape[0] if grad_source is None else grad_source.rows.numel()
+        vark_fp8(x, y, g.padded_offs, tokens, gran, grad_b, accumulate_b)
 
 
 class _GroupedGemmFp8(torch.autograd.Function):

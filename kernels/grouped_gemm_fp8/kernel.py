@@ -21,7 +21,7 @@ import torch
 
 from kernels.common import blockwise_ws
 from kernels.common.device import cdiv
-from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_blocks_2d, quantize_both
+from kernels.common.fp8 import Float8Config, Granularity, RowGroups, TokenLayout, quantize_blocks_2d, quantize_both
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
@@ -174,13 +174,13 @@ def check_main_grad(op: str, main_grad: object, b: torch.Tensor) -> None:
 @dataclass(frozen=True)
 class ForBackward:
     """What an FP8 forward keeps for its backward, each part only if its gradient is wanted: the tokens
-    quantized along each group's tokens and transposed (the wgrad's operand), with the groups' padded
-    offsets (None for a dense GEMM's single group), and the weight quantized for the dgrad. FP8 copies
+    quantized along each group's tokens and transposed (the wgrad's operand), with the groups' token
+    layout (None for a dense GEMM's single group), and the weight quantized for the dgrad. FP8 copies
     only: the high-precision tokens are not kept."""
 
     a_cols: tuple[torch.Tensor, torch.Tensor] | None
     dgrad_weight: QuantizedWeight | None
-    padded_offs: torch.Tensor | None = None
+    layout: TokenLayout | None = None
 
 
 def row_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int]:

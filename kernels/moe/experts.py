@@ -22,12 +22,12 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import cdiv
-from kernels.common.fp8 import Float8Config
+from kernels.common.fp8 import Float8Config, RowSource
 from kernels.common.launch import fast_launch
 from kernels.grouped_gemm import grouped_gemm
-from kernels.grouped_gemm_fp8 import WeightFp8, fp8_backward, fp8_forward, grouped_gemm_fp8, prequantize_weight
+from kernels.grouped_gemm_fp8 import WeightFp8, fp8_backward, fp8_forward, prequantize_weight
 from kernels.grouped_gemm_fp8.kernel import check_main_grad, check_prequantized
-from kernels.moe.permute import permute, unpermute
+from kernels.moe.permute import gather_rows, permute, scatter_rows, sort_by_expert, unpermute
 
 # 16-byte accesses of bf16: 8 a thread over 1024 columns, 4 rows a program.
 SWIGLU_BLOCK_I = 1024
@@ -106,34 +106,79 @@ class _SwiGLU(torch.autograd.Function):
         return swiglu_backward(h, grad_out)
 
 
-class _SwiGLUDownFp8(torch.autograd.Function):
-    """The Down GEMM in FP8 on swiglu(h): the SwiGLU is computed in the quantization of the GEMM's input
-    (quantize_both's glu, both layouts: the forward's rows and the wgrad's transposed groups), so its bf16
-    output is neither written nor read back; the backward's dgrad gives the SwiGLU output's gradient, which
-    swiglu_backward takes to h's."""
+class _PermutedGemmFp8(torch.autograd.Function):
+    """An MoE layer's GateUP GEMM in FP8 on the tokens in expert order, read through the order's sources
+    in the quantization of the GEMM's input (both layouts), so their permuted copy is never written. The
+    backward's dgrad gives each row's gradient; each token's is the sum of its rows' (permute's backward)."""
 
     @staticmethod
-    def forward(ctx, h, w, offs, config, w_fp8, main_grad):
-        out = h.new_empty((h.shape[0], w.shape[1]))
-        ctx.saved = fp8_forward(h, w, offs, True, config, out, needs=ctx.needs_input_grad[:2], b_fp8=w_fp8,
-                                a_glu=True)
-        ctx.save_for_backward(h, offs)
-        ctx.config, ctx.w_shape, ctx.main_grad = config, w.shape, main_grad
+    def forward(ctx, x, w, order, config, w_fp8, main_grad):
+        out = x.new_empty((order.sources.numel(), w.shape[1]))
+        ctx.saved = fp8_forward(x, w, order.group_offs, True, config, out, needs=ctx.needs_input_grad[:2],
+                                b_fp8=w_fp8, a_source=RowSource(order.sources))
+        ctx.order, ctx.config, ctx.w_shape, ctx.main_grad = order, config, w.shape, main_grad
+        ctx.x_shape, ctx.dtype = x.shape, x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        h, offs = ctx.saved_tensors
+        order = ctx.order
+        grad_out = grad_out.to(ctx.dtype).contiguous()
+        need_x, need_w = ctx.needs_input_grad[:2]
+        grad_rows = grad_out.new_empty((order.sources.numel(), ctx.x_shape[1])) if need_x else None
+        main_grad, ctx.main_grad = ctx.main_grad, None
+        grad_w = (grad_out.new_empty(ctx.w_shape) if main_grad is None else main_grad) if need_w else None
+        fp8_backward(grad_out, ctx.saved, order.group_offs, True, ctx.config, grad_rows, grad_w,
+                     accumulate_b=main_grad is not None)
+        ctx.saved = ctx.order = None
+        grad_x = gather_rows(grad_rows, order.row_map.rows, None, grad_out.new_empty(ctx.x_shape)) if need_x else None
+        return grad_x, grad_w if main_grad is None else None, None, None, None, None
+
+
+class _SwiGLUDownFp8(torch.autograd.Function):
+    """The Down GEMM in FP8 on swiglu(h): the SwiGLU is computed in the quantization of the GEMM's input
+    (quantize_both's glu, both layouts: the forward's rows and the wgrad's transposed groups), so its bf16
+    output is neither written nor read back; the backward's dgrad gives the SwiGLU output's gradient, which
+    swiglu_backward takes to h's.
+
+    With an ExpertOrder, the combine (unpermute) too: out[t] = sum_k probs[t, k] * y[row(t, k)], and the
+    backward quantizes each row's gradient probs[t, k] * grad_out[t] straight from grad_out through the
+    order's sources, so it is never written permuted; probs' gradient is <grad_out[t], y[row(t, k)]>."""
+
+    @staticmethod
+    def forward(ctx, h, w, probs, offs, config, w_fp8, main_grad, order):
+        y = h.new_empty((h.shape[0], w.shape[1]))
+        ctx.saved = fp8_forward(h, w, offs, True, config, y, needs=ctx.needs_input_grad[:2], b_fp8=w_fp8,
+                                a_glu=True)
+        ctx.config, ctx.w_shape, ctx.main_grad, ctx.order = config, w.shape, main_grad, order
+        if order is None:
+            ctx.save_for_backward(h, offs, None, None)
+            return y
+        out = gather_rows(y, order.row_map.rows, probs, y.new_empty((order.row_map.rows.shape[0], y.shape[1])))
+        # y is kept only for the probabilities' gradient.
+        ctx.save_for_backward(h, offs, probs, y if ctx.needs_input_grad[2] else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, offs, probs, y = ctx.saved_tensors
+        order = ctx.order
         grad_out = grad_out.to(h.dtype).contiguous()
+        grad_probs = None
+        if y is not None:
+            grad_probs = torch.empty(order.row_map.rows.shape, dtype=probs.dtype, device=probs.device)
+            scatter_rows(grad_out, order.row_map, probs, None, y, grad_probs)
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_a = h.new_empty((h.shape[0], h.shape[1] // 2)) if need_h else None
         main_grad, ctx.main_grad = ctx.main_grad, None
         grad_w = (h.new_empty(ctx.w_shape) if main_grad is None else main_grad) if need_w else None
-        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w, accumulate_b=main_grad is not None)
-        ctx.saved = None
+        source = None if order is None else RowSource(order.sources, order.permuted_probs)
+        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w, accumulate_b=main_grad is not None,
+                     grad_source=source)
+        ctx.saved = ctx.order = None
         # With main_grad, w's gradient went into the buffer: autograd gets none to add to w.grad.
         return (swiglu_backward(h, grad_a) if need_h else None, grad_w if main_grad is None else None,
-                None, None, None, None)
+                grad_probs, None, None, None, None, None)
 
 
 def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Tensor, config: Float8Config,
@@ -157,7 +202,7 @@ def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Ten
         check_prequantized("swiglu_down_fp8", w_fp8, w_down, True, config.forward_dtype, config.granularity)
     if main_grad is not None:
         check_main_grad("swiglu_down_fp8", main_grad, w_down)
-    return _SwiGLUDownFp8.apply(h.contiguous(), w_down, group_offs, config, w_fp8, main_grad)
+    return _SwiGLUDownFp8.apply(h.contiguous(), w_down, None, group_offs, config, w_fp8, main_grad, None)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -200,6 +245,13 @@ def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, 
     if tuple(w_down.shape) != (E, w_gate_up.shape[2], I):
         raise ValueError(f"moe_experts: w_down must be [E, H, I] = {[E, w_gate_up.shape[2], I]}, got "
                          f"{list(w_down.shape)}")
+    if x.ndim != 2 or x.shape[1] != w_gate_up.shape[2] or x.dtype != w_gate_up.dtype:
+        raise ValueError(f"moe_experts: x must be [T, H={w_gate_up.shape[2]}] in the weights' {w_gate_up.dtype}, got "
+                         f"{x.dtype} {list(x.shape)}")
+    if expert_ids.ndim != 2 or expert_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"moe_experts: expert_ids must be [T={x.shape[0]}, topk], got {list(expert_ids.shape)}")
+    if fp8 is not None and x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"moe_experts: the FP8 experts take bfloat16 or float16 tokens, got {x.dtype}")
     if weights_fp8 is not None:
         if fp8 is None:
             raise ValueError("moe_experts: weights_fp8 goes with an fp8 config (the one it was quantized under)")
@@ -214,14 +266,15 @@ def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, 
             raise ValueError("moe_experts: main_grads must be a (gate_up, down) pair of buffers")
         for name, buffer, w in (("gate_up", main_grads[0], w_gate_up), ("down", main_grads[1], w_down)):
             check_main_grad(f"moe_experts ({name})", buffer, w)
-    p = permute(x, expert_ids, num_experts=E)
     if fp8 is None:
+        p = permute(x, expert_ids, num_experts=E)
         h = grouped_gemm(p.permuted, w_gate_up, p.group_lens, p.group_offs)
         y = grouped_gemm(swiglu(h), w_down, p.group_lens, p.group_offs)
-    else:
-        gate_up_fp8, down_fp8 = (weights_fp8.gate_up, weights_fp8.down) if weights_fp8 else (None, None)
-        gate_up_grad, down_grad = main_grads or (None, None)
-        h = grouped_gemm_fp8(p.permuted, w_gate_up, p.group_lens, p.group_offs, config=fp8, b_fp8=gate_up_fp8,
-                             main_grad=gate_up_grad)
-        y = _SwiGLUDownFp8.apply(h, w_down, p.group_offs, fp8, down_fp8, down_grad)  # checked above
-    return unpermute(y, p.row_map, probs)
+        return unpermute(y, p.row_map, probs)
+    # FP8: the tokens are quantized in expert order straight from x, and the combine's gradient straight
+    # from the output's: neither is written permuted.
+    order = sort_by_expert(expert_ids, probs, num_experts=E)
+    gate_up_fp8, down_fp8 = (weights_fp8.gate_up, weights_fp8.down) if weights_fp8 else (None, None)
+    gate_up_grad, down_grad = main_grads or (None, None)
+    h = _PermutedGemmFp8.apply(x.contiguous(), w_gate_up, order, fp8, gate_up_fp8, gate_up_grad)
+    return _SwiGLUDownFp8.apply(h, w_down, probs.contiguous(), order.group_offs, fp8, down_fp8, down_grad, order)

@@ -98,9 +98,9 @@ def _scan_kernel(block_counts_ptr, block_offs_ptr, counts_ptr, lens_ptr, offs_pt
 @triton.jit
 def _scatter_token(
     t, x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, block_offs_ptr, w_ptr, w_out_ptr, other_ptr, dot_ptr,
-    H, K, E, stride_x, stride_out, stride_other,
+    sources_ptr, H, K, E, stride_x, stride_out, stride_other,
     ROUTE: tl.constexpr, STORE: tl.constexpr, WEIGHT: tl.constexpr, SCATTER_W: tl.constexpr,
-    DOT: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    DOT: tl.constexpr, SOURCES: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """Token t: STORE: out[row(t, k)] = x[t] for each k (times w[t, k] if WEIGHT).
 
@@ -109,7 +109,7 @@ def _scatter_token(
     warps of a program load the ranks each in its own layout, and one warp's store could land before
     another's load. Otherwise rows holds row(t, k). SCATTER_W: w_out[row(t, k)] = w[t, k] (permute's
     probabilities). DOT: dot[t, k] = <x[t], other[row(t, k)]> in fp32 (unpermute's gradient of the
-    probabilities).
+    probabilities). SOURCES: sources[row(t, k)] = t (the inverse map: which token each row copies).
     """
     t = t.to(tl.int64)
     ks = tl.arange(0, K_PAD)
@@ -132,6 +132,8 @@ def _scatter_token(
         w = tl.load(w_ptr + pairs, mask=k_mask, other=0.0)
     if SCATTER_W:
         tl.store(w_out_ptr + row, w, mask=valid)
+    if SOURCES:
+        tl.store(sources_ptr + row, tl.full((K_PAD,), 0, tl.int32) + t.to(tl.int32), mask=valid)
     dot = tl.zeros((K_PAD,), dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
@@ -180,10 +182,10 @@ def _zero_slack(out_ptr, vec_ptr, counts_ptr, offs_ptr, pid, programs, capacity,
 @triton.jit
 def _scatter_rows_kernel(
     x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, counts_ptr, block_offs_ptr,
-    w_ptr, w_out_ptr, other_ptr, dot_ptr,
+    w_ptr, w_out_ptr, other_ptr, dot_ptr, sources_ptr,
     T, H, K, E, capacity, stride_x, stride_out, stride_other,
     ROUTE: tl.constexpr, STORE: tl.constexpr, WEIGHT: tl.constexpr, SCATTER_W: tl.constexpr,
-    DOT: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    DOT: tl.constexpr, SOURCES: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
     ZERO_ROWS: tl.constexpr,
 ):
     """Programs [0, T): one token each (_scatter_token). STORE: the programs after them zero the rows of
@@ -191,8 +193,8 @@ def _scatter_rows_kernel(
     pid = tl.program_id(0)
     if pid < T:
         _scatter_token(pid, x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, block_offs_ptr, w_ptr, w_out_ptr,
-                       other_ptr, dot_ptr, H, K, E, stride_x, stride_out, stride_other,
-                       ROUTE, STORE, WEIGHT, SCATTER_W, DOT, BLOCK_PAIRS, K_PAD, BLOCK_H)
+                       other_ptr, dot_ptr, sources_ptr, H, K, E, stride_x, stride_out, stride_other,
+                       ROUTE, STORE, WEIGHT, SCATTER_W, DOT, SOURCES, BLOCK_PAIRS, K_PAD, BLOCK_H)
     else:
         _zero_slack(out_ptr, w_out_ptr, counts_ptr, offs_ptr, pid - T, tl.num_programs(0) - T, capacity, H, E,
                     stride_out, SCATTER_W, ZERO_ROWS, BLOCK_H)
@@ -259,13 +261,15 @@ def rank_block(n_pairs: int) -> int:
 
 
 def route_and_scatter(
-    tokens: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor | None, num_experts: int, pad_to: int,
-    permuted: torch.Tensor, permuted_probs: torch.Tensor | None,
+    tokens: torch.Tensor | None, ids: torch.Tensor, probs: torch.Tensor | None, num_experts: int, pad_to: int,
+    capacity: int, permuted: torch.Tensor | None, permuted_probs: torch.Tensor | None,
+    sources: torch.Tensor | None = None,
 ) -> tuple[RowMap, torch.Tensor]:
-    """permute's forward into the given buffers (permuted_probs: None to leave the probabilities
-    behind): returns the row map and group_lens [E] (int64)."""
+    """permute's forward into the given buffers (permuted: None to route without copying the tokens;
+    permuted_probs: None to leave the probabilities behind; sources: int32 [capacity], filled with -1
+    by the caller, gets each filled row's token): returns the row map and group_lens [E] (int64)."""
     T, K = ids.shape
-    E, device = num_experts, tokens.device
+    E, device = num_experts, ids.device
     n_pairs = T * K
     block_pairs = rank_block(n_pairs)
     n_blocks = cdiv(n_pairs, block_pairs)
@@ -283,22 +287,23 @@ def route_and_scatter(
                                   num_warps=8)
     _scan_kernel[(1,)](block_counts, block_offs, counts, group_lens, group_offs, n_blocks, E, pad_to,
                        E_PAD=e_pad, BLOCK_B=max(1, TILE_ELEMENTS // e_pad), num_warps=8)
-    row_map = RowMap(rows, group_offs, counts, permuted.shape[0])
+    row_map = RowMap(rows, group_offs, counts, capacity)
     _scatter(tokens, row_map, permuted, probs if permuted_probs is not None else None, permuted_probs,
-             route=(ids, ranks, block_offs, block_pairs))
+             route=(ids, ranks, block_offs, block_pairs), sources=sources)
     return row_map, group_lens
 
 
 def _scatter(
-    x: torch.Tensor, row_map: RowMap, out: torch.Tensor | None, weights: torch.Tensor | None,
+    x: torch.Tensor | None, row_map: RowMap, out: torch.Tensor | None, weights: torch.Tensor | None,
     w_out: torch.Tensor | None = None, other: torch.Tensor | None = None, dot: torch.Tensor | None = None,
-    route: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
+    route: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None, sources: torch.Tensor | None = None,
 ) -> None:
     """Launch _scatter_rows_kernel: w_out given: scatter the weights there (permute), else scale by
     them (unpermute's backward); route: (ids, ranks, block_offs, pairs per rank block) to compute
-    the rows (permute)."""
+    the rows (permute); x None: no row is read or copied (routing alone)."""
     T, K = row_map.rows.shape
-    E, H = row_map.counts.numel(), x.shape[1]
+    E, H = row_map.counts.numel(), 0 if x is None else x.shape[1]
+    x = row_map.rows if x is None else x  # a placeholder pointer: nothing reads it without H
     # Zeroing programs: one per expert's padding, and enough for all the padding a valid routing can
     # leave at the tail (one at least, for the rows that dropped pairs leave).
     zero_programs = E + max(1, cdiv(row_map.slack, ZERO_ROWS)) if out is not None else 0
@@ -311,10 +316,10 @@ def _scatter(
     ids, ranks, block_offs, block_pairs = route or (x, x, x, 1)
     _scatter_rows_kernel[(T + zero_programs,)](
         x, ptr(out), row_map.rows, ids, ranks, row_map.group_offs, row_map.counts, block_offs,
-        ptr(weights), ptr(w_out), ptr(other), ptr(dot),
+        ptr(weights), ptr(w_out), ptr(other), ptr(dot), ptr(sources),
         T, H, K, E, row_map.capacity, x.stride(0), ptr(out).stride(0), ptr(other).stride(0),
         ROUTE=route is not None, STORE=out is not None, WEIGHT=weights is not None and w_out is None,
-        SCATTER_W=w_out is not None, DOT=dot is not None, BLOCK_PAIRS=block_pairs,
+        SCATTER_W=w_out is not None, DOT=dot is not None, SOURCES=sources is not None, BLOCK_PAIRS=block_pairs,
         K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H), ZERO_ROWS=ZERO_ROWS, num_warps=ROW_WARPS,
     )
 
@@ -349,7 +354,8 @@ class _Permute(torch.autograd.Function):
     def forward(ctx, tokens, probs, ids, num_experts, pad_to, capacity):
         permuted = tokens.new_empty((capacity, tokens.shape[1]))
         permuted_probs = probs.new_empty(capacity) if probs is not None else None
-        row_map, group_lens = route_and_scatter(tokens, ids, probs, num_experts, pad_to, permuted, permuted_probs)
+        row_map, group_lens = route_and_scatter(tokens, ids, probs, num_experts, pad_to, capacity, permuted,
+                                                permuted_probs)
         ctx.mark_non_differentiable(row_map.rows, group_lens, row_map.group_offs, row_map.counts)
         ctx.save_for_backward(row_map.rows)
         ctx.token_shape = tokens.shape
@@ -430,6 +436,26 @@ def _check_probs(op: str, probs: torch.Tensor | None, pairs_shape: tuple[int, ..
         raise ValueError(f"{op}: probs must be [T, topk] = {list(pairs_shape)}, got {list(probs.shape)}")
 
 
+def _check_routing(op: str, expert_ids: torch.Tensor, probs: torch.Tensor | None, num_experts: int, pad_to: int,
+                   validate: bool) -> int:
+    """The checks permute and sort_by_expert share; returns the capacity."""
+    if expert_ids.ndim != 2 or expert_ids.dtype not in ID_DTYPES:
+        raise ValueError(f"{op}: expert_ids must be int32 or int64 [T, topk], got {expert_ids.dtype} "
+                         f"{list(expert_ids.shape)}")
+    _check_probs(op, probs, tuple(expert_ids.shape))
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"{op}: num_experts must be a positive int, got {num_experts!r}")
+    if pad_to not in PAD_TO:
+        raise ValueError(f"{op}: pad_to must be one of {PAD_TO}, got {pad_to!r}")
+    T, K = expert_ids.shape
+    capacity = capacity_for(T, K, num_experts, pad_to)
+    if capacity >= 2**31:
+        raise ValueError(f"{op}: {capacity} rows do not fit the int32 row map")
+    if (validate or expert_ids.device.type == "cpu") and bool(((expert_ids < 0) | (expert_ids >= num_experts)).any()):
+        raise ValueError(f"{op}: expert_ids holds ids outside [0, {num_experts})")
+    return capacity
+
+
 def permute(
     tokens: torch.Tensor,
     expert_ids: torch.Tensor,
@@ -456,27 +482,53 @@ def permute(
         raise ValueError(f"permute: tokens must be [T, H], got shape {list(tokens.shape)}")
     if tokens.dtype not in TOKEN_DTYPES:
         raise ValueError(f"permute: tokens must be bfloat16, float16 or float32, got {tokens.dtype}")
-    if expert_ids.ndim != 2 or expert_ids.dtype not in ID_DTYPES:
-        raise ValueError(f"permute: expert_ids must be int32 or int64 [T, topk], got {expert_ids.dtype} "
-                         f"{list(expert_ids.shape)}")
-    if expert_ids.shape[0] != tokens.shape[0]:
+    if expert_ids.ndim == 2 and expert_ids.shape[0] != tokens.shape[0]:
         raise ValueError(f"permute: expert_ids has {expert_ids.shape[0]} tokens but tokens has {tokens.shape[0]}")
-    _check_probs("permute", probs, tuple(expert_ids.shape))
-    if not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"permute: num_experts must be a positive int, got {num_experts!r}")
-    if pad_to not in PAD_TO:
-        raise ValueError(f"permute: pad_to must be one of {PAD_TO}, got {pad_to!r}")
+    capacity = _check_routing("permute", expert_ids, probs, num_experts, pad_to, validate)
     check_same_device(tokens=tokens, expert_ids=expert_ids, **({"probs": probs} if probs is not None else {}))
-    T, K = expert_ids.shape
-    capacity = capacity_for(T, K, num_experts, pad_to)
-    if capacity >= 2**31:
-        raise ValueError(f"permute: {capacity} rows do not fit the int32 row map")
-    if (validate or expert_ids.device.type == "cpu") and bool(((expert_ids < 0) | (expert_ids >= num_experts)).any()):
-        raise ValueError(f"permute: expert_ids holds ids outside [0, {num_experts})")
     permuted, permuted_probs, rows, group_lens, group_offs, counts = _Permute.apply(
         tokens.contiguous(), probs.contiguous() if probs is not None else None, expert_ids.contiguous(),
         num_experts, pad_to, capacity)
     return Permuted(permuted, permuted_probs, group_lens, group_offs, RowMap(rows, group_offs, counts, capacity))
+
+
+@dataclass(frozen=True)
+class ExpertOrder:
+    """sort_by_expert's result: permute's layout without the rows themselves. `sources` [capacity] int32:
+    the token each row would copy (-1 for the rows no pair fills), what kernels that read the tokens
+    through an index take (kernels.common.fp8.RowSource); `permuted_probs` [capacity]: each row's
+    probability (None without probs; unset on unfilled rows, which `sources` marks); `group_lens`,
+    `group_offs` and `row_map` as Permuted's."""
+
+    sources: torch.Tensor
+    permuted_probs: torch.Tensor | None
+    group_lens: torch.Tensor
+    group_offs: torch.Tensor
+    row_map: RowMap
+
+
+def sort_by_expert(
+    expert_ids: torch.Tensor,
+    probs: torch.Tensor | None = None,
+    *,
+    num_experts: int,
+    pad_to: int = 1,
+    validate: bool = False,
+) -> ExpertOrder:
+    """permute's routing without copying a token: for kernels that read the tokens through `sources`
+    (an MoE layer's FP8 GateUP quantizes the tokens in expert order straight from x). No autograd: the
+    outputs are indices, and permuted_probs carries no gradient to probs. Same layout, checks and ids
+    out of range as permute."""
+    capacity = _check_routing("sort_by_expert", expert_ids, probs, num_experts, pad_to, validate)
+    if probs is not None:
+        check_same_device(expert_ids=expert_ids, probs=probs)
+    device = expert_ids.device
+    sources = torch.full((capacity,), -1, dtype=torch.int32, device=device)
+    permuted_probs = torch.empty(capacity, dtype=probs.dtype, device=device) if probs is not None else None
+    row_map, group_lens = route_and_scatter(
+        None, expert_ids.contiguous(), probs.detach().contiguous() if probs is not None else None, num_experts,
+        pad_to, capacity, None, permuted_probs, sources)
+    return ExpertOrder(sources, permuted_probs, group_lens, row_map.group_offs, row_map)
 
 
 def unpermute(permuted: torch.Tensor, row_map: RowMap, probs: torch.Tensor | None = None) -> torch.Tensor:

@@ -134,7 +134,7 @@ def permute_bytes(problem: Problem) -> tuple[float, float]:
 
 def _permute_forward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
     route_and_scatter(inputs["x"], inputs["ids"], inputs["probs"], problem.dims["E"], problem.dims["pad_to"],
-                      outputs["out"], outputs["out_probs"])
+                      outputs["out"].shape[0], outputs["out"], outputs["out_probs"])
 
 
 def _permute_backward(problem: Problem, inputs: Tensors, outputs: Tensors) -> None:
@@ -510,7 +510,8 @@ def _mlp_row_map(problem: Problem, inputs: Tensors) -> RowMap:
 
 def _mlp_forward(problem: Problem, inputs: Tensors, o: Tensors) -> None:
     offs = inputs["group_offs"]
-    route_and_scatter(inputs["x"], inputs["ids"], None, problem.dims["E"], 1, o["permuted"], None)
+    route_and_scatter(inputs["x"], inputs["ids"], None, problem.dims["E"], 1, o["permuted"].shape[0], o["permuted"],
+                      None)
     grouped_forward(o["permuted"], inputs["w_gate_up"], offs, True, o["h"])
     swiglu_forward(o["h"], o["a"])
     grouped_forward(o["a"], inputs["w_down"], offs, True, o["y"])

@@ -1,0 +1,98 @@
+"""Where the rowwise quantization of an MoE layer's rows loses to a copy (issues 15 and 17), on a GPU: the
+SonicMoE layer's rows (32k tokens x top-8 = 262144 rows, hidden 4096, 128 skewed experts), quantize_both's
+two kernels (the amax pass, then the casts) timed apart, under token groups found by a binary search of
+the padded offsets against equal groups found by a division; read from a written copy and through a
+RowSource (gathered from the 32k tokens); the SwiGLU input (GateUP's output, 1024 wide); next to a copy.
+CUDA events, L2 flushed, medians; TB/s counts each kernel's bytes (reads of the bf16 rows, fp8 writes).
+
+    PYTHONPATH=. python3 scripts/quant_sweep.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import kernels.common.fp8 as fp8_module
+from harness.timing import Timer
+from kernels.common.fp8 import Granularity, RowGroups, RowSource, quantize_both
+from kernels.grouped_gemm import group_offsets
+from kernels.moe import sort_by_expert
+
+sys.path.insert(0, "benchmarks")
+from moe_ops import skewed_ids
+
+E4M3 = torch.float8_e4m3fn
+
+
+KERNELS = ("_amax_both_kernel", "_quantize_both_kernel")
+
+
+class _Recorder:
+    """Stands in for a launcher: launches as it would and keeps the launch, to time it again alone."""
+
+    def __init__(self, launcher, captured: dict, name: str) -> None:
+        self.launcher, self.captured, self.name = launcher, captured, name
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.captured[self.name] = lambda: self.launcher[grid](*args, **kwargs)
+            self.launcher[grid](*args, **kwargs)
+        return launch
+
+
+def kernel_times(timer: Timer, call) -> dict[str, float]:
+    """Median ms of each quantization kernel a call launches, each launch replayed alone on the arguments
+    the call gave it (the amax pass's atomics then max into an amax already complete: same work)."""
+    originals = {name: getattr(fp8_module, name) for name in KERNELS}
+    captured: dict[str, object] = {}
+    for name in KERNELS:
+        setattr(fp8_module, name, _Recorder(originals[name], captured, name))
+    try:
+        call()
+    finally:
+        for name in KERNELS:
+            setattr(fp8_module, name, originals[name])
+    return {name: timer.time(launch).median_ms for name, launch in captured.items()}
+
+
+def main() -> None:
+    timer = Timer(torch.device("cuda"), mode="cuda-events", repeats=20, warmup=3)
+    T, H, E = 32768, 4096, 128
+    tokens = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    ids = skewed_ids(T, E, torch.device("cuda"))
+    order = sort_by_expert(ids, num_experts=E)
+    R = order.sources.numel()
+    rows = tokens[order.sources.clamp(min=0).long()].contiguous()
+    offs = order.group_offs
+    groups = RowGroups.tokens(offs)
+    uniform = group_offsets(torch.full((E,), R // E, device="cuda", dtype=torch.int64))
+    h = torch.randn(R, 2 * 512, device="cuda", dtype=torch.bfloat16)
+    copy_ms = timer.time(lambda: rows.clone()).median_ms
+    print(f"copy of the rows: {2 * rows.numel() * 2 / copy_ms / 1e9:.2f} TB/s ({copy_ms:.3f} ms)")
+    cases = {
+        "rows, skewed token groups": (lambda: quantize_both(rows, E4M3, Granularity.ROWWISE, groups), rows.numel(), 2),
+        "rows, uniform token groups": (
+            lambda: quantize_both(rows, E4M3, Granularity.ROWWISE, RowGroups.tokens(uniform)), rows.numel(), 2),
+        "rows, equal groups (division)": (lambda: quantize_both(rows, E4M3, Granularity.ROWWISE,
+                                                                 RowGroups.equal(E, R // E)), rows.numel(), 2),
+        "tokens through the order (RowSource)": (
+            lambda: quantize_both(tokens, E4M3, Granularity.ROWWISE, groups, source=RowSource(order.sources)),
+            rows.numel(), 2),
+        "SwiGLU input (glu), skewed token groups": (
+            lambda: quantize_both(h, E4M3, Granularity.ROWWISE, groups, glu=True), h.numel() // 2, 4),
+        "rows, blockwise, skewed token groups": (
+            lambda: quantize_both(rows, E4M3, Granularity.BLOCKWISE, groups), rows.numel(), 2),
+    }
+    for name, (call, elements, read_bytes) in cases.items():
+        times = kernel_times(timer, call)
+        parts = []
+        for kernel, ms in times.items():
+            moved = elements * (read_bytes if kernel == "_amax_both_kernel" else read_bytes + 2)
+            parts.append(f"{kernel} {ms:.3f} ms {moved / ms / 1e9:.2f} TB/s")
+        print(f"{name:42s} " + " | ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
