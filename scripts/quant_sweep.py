@@ -5,11 +5,12 @@ the padded offsets against equal groups found by a division; read from a written
 RowSource (gathered from the 32k tokens); the SwiGLU input (GateUP's output, 1024 wide); next to a copy.
 CUDA events, L2 flushed, medians; TB/s counts each kernel's bytes (reads of the bf16 rows, fp8 writes).
 
-    PYTHONPATH=. python3 scripts/quant_sweep.py
+    PYTHONPATH=. python3 scripts/quant_sweep.py [--sweep]   # --sweep: each kernel's tile width and warps
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -30,23 +31,23 @@ KERNELS = ("_amax_both_kernel", "_quantize_both_kernel")
 
 
 class _Recorder:
-    """Stands in for a launcher: launches as it would and keeps the launch, to time it again alone."""
+    """Stands in for a launcher: launches as it would and keeps the launch (launcher, grid, arguments)."""
 
     def __init__(self, launcher, captured: dict, name: str) -> None:
         self.launcher, self.captured, self.name = launcher, captured, name
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.captured[self.name] = lambda: self.launcher[grid](*args, **kwargs)
+            self.captured[self.name] = (self.launcher, grid, args, kwargs)
             self.launcher[grid](*args, **kwargs)
         return launch
 
 
-def kernel_times(timer: Timer, call) -> dict[str, float]:
-    """Median ms of each quantization kernel a call launches, each launch replayed alone on the arguments
-    the call gave it (the amax pass's atomics then max into an amax already complete: same work)."""
+def captured_launches(call) -> dict[str, tuple]:
+    """Each quantization kernel's launch in one call of `call`, to replay alone on the same arguments (the
+    amax pass's atomics then max into an amax already complete: the same work)."""
     originals = {name: getattr(fp8_module, name) for name in KERNELS}
-    captured: dict[str, object] = {}
+    captured: dict[str, tuple] = {}
     for name in KERNELS:
         setattr(fp8_module, name, _Recorder(originals[name], captured, name))
     try:
@@ -54,10 +55,41 @@ def kernel_times(timer: Timer, call) -> dict[str, float]:
     finally:
         for name in KERNELS:
             setattr(fp8_module, name, originals[name])
-    return {name: timer.time(launch).median_ms for name, launch in captured.items()}
+    return captured
+
+
+def replay(launch: tuple, **overrides):
+    """A captured launch as a callable, with BLOCK_C / num_warps overridden (the grid's column blocks follow)."""
+    launcher, grid, args, kwargs = launch
+    kwargs = {**kwargs, **overrides}
+    grid = (grid[0], -(-kwargs["C"] // kwargs["BLOCK_C"]))
+    return lambda: launcher[grid](*args, **kwargs)
+
+
+def kernel_times(timer: Timer, call) -> dict[str, float]:
+    """Median ms of each quantization kernel a call launches, each replayed alone."""
+    return {name: timer.time(replay(launch)).median_ms for name, launch in captured_launches(call).items()}
+
+
+def sweep(timer: Timer, call, elements: int) -> None:
+    """TB/s of each kernel of a rowwise call under every (BLOCK_C, num_warps) tried."""
+    launches = captured_launches(call)
+    for name, block_cs, warps in (("_amax_both_kernel", (64, 128, 256), (2, 4, 8, 16)),
+                                  ("_quantize_both_kernel", (64, 128), (2, 4, 8))):
+        moved = elements * (2 if name == "_amax_both_kernel" else 4)
+        for block_c in block_cs:
+            row = []
+            for w in warps:
+                ms = timer.time(replay(launches[name], BLOCK_C=block_c, num_warps=w)).median_ms
+                row.append(f"w{w} {moved / ms / 1e9:.2f}")
+            print(f"  {name} BLOCK_C {block_c:3d}: " + " | ".join(row) + " TB/s")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the rowwise kernels under each (BLOCK_C, num_warps) tried")
+    args = parser.parse_args()
     timer = Timer(torch.device("cuda"), mode="cuda-events", repeats=20, warmup=3)
     T, H, E = 32768, 4096, 128
     tokens = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
@@ -92,6 +124,10 @@ def main() -> None:
             moved = elements * (read_bytes if kernel == "_amax_both_kernel" else read_bytes + 2)
             parts.append(f"{kernel} {ms:.3f} ms {moved / ms / 1e9:.2f} TB/s")
         print(f"{name:42s} " + " | ".join(parts))
+    if args.sweep:
+        for name in ("rows, skewed token groups", "tokens through the order (RowSource)"):
+            print(f"sweep: {name}")
+            sweep(timer, cases[name][0], cases[name][1])
 
 
 if __name__ == "__main__":
