@@ -1,9 +1,10 @@
-"""Where the rowwise quantization of an MoE layer's rows loses to a copy (issues 15 and 17), on a GPU: the
-SonicMoE layer's rows (32k tokens x top-8 = 262144 rows, hidden 4096, 128 skewed experts), quantize_both's
-two kernels (the amax pass, then the casts) timed apart, under token groups found by a binary search of
-the padded offsets against equal groups found by a division; read from a written copy and through a
-RowSource (gathered from the 32k tokens); the SwiGLU input (GateUP's output, 1024 wide); next to a copy.
-CUDA events, L2 flushed, medians; TB/s counts each kernel's bytes (reads of the bf16 rows, fp8 writes).
+"""Where the rowwise quantization loses to a copy (issues 15 and 17), on a GPU: quantize_both's two kernels
+(the amax pass, then the casts) timed apart on the SonicMoE layer's rows (32k tokens x top-8 = 262144 rows,
+hidden 4096, 128 skewed experts) under token groups (the token layout's block map) and equal groups (a
+division), read from a written copy and through a RowSource (gathered from the 32k tokens); its SwiGLU
+input (GateUP's output, 1024 wide); DeepSeek-V3's 32768 routed rows of 7168 and its GateUP weight stack;
+next to a copy. CUDA events, L2 flushed, medians; TB/s counts each kernel's bytes (reads of the bf16 rows,
+fp8 writes).
 
     PYTHONPATH=. python3 scripts/quant_sweep.py [--sweep]   # --sweep: each kernel's tile width and warps
 """
@@ -71,12 +72,12 @@ def kernel_times(timer: Timer, call) -> dict[str, float]:
     return {name: timer.time(replay(launch)).median_ms for name, launch in captured_launches(call).items()}
 
 
-def sweep(timer: Timer, call, elements: int) -> None:
+def sweep(timer: Timer, call, elements: int, read_bytes: int) -> None:
     """TB/s of each kernel of a rowwise call under every (BLOCK_C, num_warps) tried."""
     launches = captured_launches(call)
-    for name, block_cs, warps in (("_amax_both_kernel", (64, 128, 256), (2, 4, 8, 16)),
-                                  ("_quantize_both_kernel", (64, 128), (2, 4, 8))):
-        moved = elements * (2 if name == "_amax_both_kernel" else 4)
+    for name, block_cs, warps in (("_amax_both_kernel", (64, 128), (2, 4, 8)),
+                                  ("_quantize_both_kernel", (64, 128), (4, 8))):
+        moved = elements * (read_bytes if name == "_amax_both_kernel" else read_bytes + 2)
         for block_c in block_cs:
             row = []
             for w in warps:
@@ -101,6 +102,10 @@ def main() -> None:
     groups = RowGroups.tokens(offs)
     uniform = group_offsets(torch.full((E,), R // E, device="cuda", dtype=torch.int64))
     h = torch.randn(R, 2 * 512, device="cuda", dtype=torch.bfloat16)
+    dsv3_tokens = torch.randn(32768, 7168, device="cuda", dtype=torch.bfloat16)
+    dsv3_offs = sort_by_expert(skewed_ids(32768, 32, torch.device("cuda")), num_experts=32).group_offs
+    dsv3_offs = (dsv3_offs // 8).clamp(max=32768)  # top-8 rows per token: the groups of 32768 rows
+    dsv3_weights = torch.randn(32 * 4096, 7168, device="cuda", dtype=torch.bfloat16)
     copy_ms = timer.time(lambda: rows.clone()).median_ms
     print(f"copy of the rows: {2 * rows.numel() * 2 / copy_ms / 1e9:.2f} TB/s ({copy_ms:.3f} ms)")
     cases = {
@@ -116,6 +121,12 @@ def main() -> None:
             lambda: quantize_both(h, E4M3, Granularity.ROWWISE, groups, glu=True), h.numel() // 2, 4),
         "rows, blockwise, skewed token groups": (
             lambda: quantize_both(rows, E4M3, Granularity.BLOCKWISE, groups), rows.numel(), 2),
+        "DeepSeek-V3 tokens 32768 x 7168, 32 skewed groups": (
+            lambda: quantize_both(dsv3_tokens, E4M3, Granularity.ROWWISE, RowGroups.tokens(dsv3_offs)),
+            dsv3_tokens.numel(), 2),
+        "DeepSeek-V3 GateUP weights 32 x 4096 x 7168": (
+            lambda: quantize_both(dsv3_weights, E4M3, Granularity.ROWWISE, RowGroups.equal(32, 4096)),
+            dsv3_weights.numel(), 2),
     }
     for name, (call, elements, read_bytes) in cases.items():
         times = kernel_times(timer, call)
@@ -125,9 +136,10 @@ def main() -> None:
             parts.append(f"{kernel} {ms:.3f} ms {moved / ms / 1e9:.2f} TB/s")
         print(f"{name:42s} " + " | ".join(parts))
     if args.sweep:
-        for name in ("rows, skewed token groups", "tokens through the order (RowSource)"):
-            print(f"sweep: {name}")
-            sweep(timer, cases[name][0], cases[name][1])
+        for name, (call, elements, read_bytes) in cases.items():
+            if "blockwise" not in name:
+                print(f"sweep: {name}")
+                sweep(timer, call, elements, read_bytes)
 
 
 if __name__ == "__main__":
