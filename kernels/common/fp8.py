@@ -232,9 +232,8 @@ def _load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weig
 @fast_launch
 @triton.jit
 def _amax_both_kernel(
-    x_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr, block_groups_ptr, src_ptr, weight_ptr, G, R, C,
-    stride_x,
-    GROUP_ROWS, ROWWISE: tl.constexpr, ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr,
+    x_ptr, row_amax_ptr, group_amax_ptr, offs_ptr, padded_offs_ptr, block_groups_ptr, src_ptr, weight_ptr,
+    G, R, C, stride_x, GROUP_ROWS, ROWWISE: tl.constexpr, ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr,
     EQUAL_GROUPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr,
     GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
