@@ -100,6 +100,21 @@ def fp8_backward(
         vark_fp8(x, y, g.padded_offs, tokens, gran, grad_b, accumulate_b)
 
 
+def backward_from(
+    ctx, grad_out: torch.Tensor, offs: torch.Tensor, trans_b: bool, grad_a: torch.Tensor | None, need_b: bool,
+    b_shape: torch.Size, grad_source: RowSource | None = None,
+) -> torch.Tensor | None:
+    """fp8_backward for an autograd Function whose forward kept `ctx.saved` (fp8_forward's), `ctx.config`
+    and `ctx.main_grad`, both released here: grad_a into its buffer if given; b's gradient added into the
+    main_grad if there is one, else written to a fresh buffer in grad_out's dtype. Returns b's gradient for
+    autograd: None with a main_grad (it went into the buffer; b.grad gets nothing)."""
+    main_grad, ctx.main_grad = ctx.main_grad, None
+    grad_b = (grad_out.new_empty(b_shape) if main_grad is None else main_grad) if need_b else None
+    fp8_backward(grad_out, ctx.saved, offs, trans_b, ctx.config, grad_a, grad_b, main_grad is not None, grad_source)
+    ctx.saved = None
+    return grad_b if main_grad is None else None
+
+
 class _GroupedGemmFp8(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, offs, trans_b, out_dtype, config, b_fp8, main_grad):
@@ -114,16 +129,9 @@ class _GroupedGemmFp8(torch.autograd.Function):
     def backward(ctx, grad_out):
         (offs,) = ctx.saved_tensors
         grad_out = grad_out.to(ctx.dtype).contiguous()
-        empty = lambda shape: torch.empty(shape, dtype=ctx.dtype, device=grad_out.device)  # noqa: E731
-        grad_a = empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
-        main_grad, ctx.main_grad = ctx.main_grad, None
-        grad_b = None
-        if ctx.needs_input_grad[1]:
-            grad_b = empty(ctx.b_shape) if main_grad is None else main_grad
-        fp8_backward(grad_out, ctx.saved, offs, ctx.trans_b, ctx.config, grad_a, grad_b, main_grad is not None)
-        ctx.saved = None
-        # With main_grad, b's gradient went into the buffer: autograd gets none to add to b.grad.
-        return grad_a, grad_b if main_grad is None else None, None, None, None, None, None, None
+        grad_a = grad_out.new_empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
+        grad_b = backward_from(ctx, grad_out, offs, ctx.trans_b, grad_a, ctx.needs_input_grad[1], ctx.b_shape)
+        return grad_a, grad_b, None, None, None, None, None, None
 
 
 def grouped_gemm_fp8(
@@ -162,5 +170,5 @@ def grouped_gemm_fp8(
     return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config, b_fp8, main_grad)
 
 
-__all__ = ["Float8Config", "Format", "Granularity", "WeightFp8", "for_backward", "fp8_backward", "fp8_forward",
-           "grouped_gemm_fp8", "prequantize_weight"]
+__all__ = ["Float8Config", "Format", "Granularity", "WeightFp8", "backward_from", "for_backward", "fp8_backward",
+           "fp8_forward", "grouped_gemm_fp8", "prequantize_weight"]

@@ -25,7 +25,7 @@ from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config, RowSource
 from kernels.common.launch import fast_launch
 from kernels.grouped_gemm import grouped_gemm
-from kernels.grouped_gemm_fp8 import WeightFp8, fp8_backward, fp8_forward, prequantize_weight
+from kernels.grouped_gemm_fp8 import WeightFp8, backward_from, fp8_forward, prequantize_weight
 from kernels.grouped_gemm_fp8.kernel import check_main_grad, check_prequantized
 from kernels.moe.permute import gather_rows, permute, scatter_rows, sort_by_expert, unpermute
 
@@ -126,13 +126,10 @@ class _PermutedGemmFp8(torch.autograd.Function):
         grad_out = grad_out.to(ctx.dtype).contiguous()
         need_x, need_w = ctx.needs_input_grad[:2]
         grad_rows = grad_out.new_empty((order.sources.numel(), ctx.x_shape[1])) if need_x else None
-        main_grad, ctx.main_grad = ctx.main_grad, None
-        grad_w = (grad_out.new_empty(ctx.w_shape) if main_grad is None else main_grad) if need_w else None
-        fp8_backward(grad_out, ctx.saved, order.group_offs, True, ctx.config, grad_rows, grad_w,
-                     accumulate_b=main_grad is not None)
-        ctx.saved = ctx.order = None
+        grad_w = backward_from(ctx, grad_out, order.group_offs, True, grad_rows, need_w, ctx.w_shape)
+        ctx.order = None
         grad_x = gather_rows(grad_rows, order.row_map.rows, None, grad_out.new_empty(ctx.x_shape)) if need_x else None
-        return grad_x, grad_w if main_grad is None else None, None, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 class _SwiGLUDownFp8(torch.autograd.Function):
@@ -170,15 +167,10 @@ class _SwiGLUDownFp8(torch.autograd.Function):
             scatter_rows(grad_out, order.row_map, probs, None, y, grad_probs)
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_a = h.new_empty((h.shape[0], h.shape[1] // 2)) if need_h else None
-        main_grad, ctx.main_grad = ctx.main_grad, None
-        grad_w = (h.new_empty(ctx.w_shape) if main_grad is None else main_grad) if need_w else None
         source = None if order is None else RowSource(order.sources, order.permuted_probs)
-        fp8_backward(grad_out, ctx.saved, offs, True, ctx.config, grad_a, grad_w, accumulate_b=main_grad is not None,
-                     grad_source=source)
-        ctx.saved = ctx.order = None
-        # With main_grad, w's gradient went into the buffer: autograd gets none to add to w.grad.
-        return (swiglu_backward(h, grad_a) if need_h else None, grad_w if main_grad is None else None,
-                grad_probs, None, None, None, None, None)
+        grad_w = backward_from(ctx, grad_out, offs, True, grad_a, need_w, ctx.w_shape, source)
+        ctx.order = None
+        return swiglu_backward(h, grad_a) if need_h else None, grad_w, grad_probs, None, None, None, None, None
 
 
 def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Tensor, config: Float8Config,
