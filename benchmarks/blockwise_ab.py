@@ -58,7 +58,7 @@ def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[i
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16, generator=gen)
     xq, sx = quantize_rows(x, torch.float8_e4m3fn, Granularity.BLOCKWISE)
-    wq, _, sw = quantize_blocks_2d(w, torch.float8_e4m3fn)
+    wq, _, sw = quantize_blocks_2d(w, torch.float8_e4m3fn, cols_t=False)
     scales = Scales(sx, sx.stride(), sw, sw.stride(), 128, per_k_block=True)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     offs = torch.arange(G + 1, device="cuda", dtype=torch.int64) * (M // G) if G > 1 else None

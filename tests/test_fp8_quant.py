@@ -4,6 +4,7 @@ import torch
 from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.fp8 import (
+    WHOLE_ROW_MAX,
     Granularity,
     RowGroups,
     RowSource,
@@ -30,6 +31,16 @@ def test_quantize_rows_round_trip(granularity):
         deq = q.float() * (s if s.numel() == 1 else s[:, None])
     floor = 10 if granularity == Granularity.TENSORWISE else 28  # rows span 4 decades: one scale loses the small ones
     assert snr_db(deq, x.half()) > floor
+
+
+@pytest.mark.parametrize("cols", [WHOLE_ROW_MAX - 100, WHOLE_ROW_MAX + 100])
+def test_quantize_rows_rowwise_scale_is_each_rows_amax(cols):
+    """Rows read whole (up to WHOLE_ROW_MAX) and rows looped over in 128-column blocks: scale = amax / 448."""
+    x = (torch.randn(3, cols, device=default_device()) * torch.tensor([[1e-3], [1.0], [1e3]], device=default_device()))
+    x = x.half()
+    q, s = quantize_rows(x, E4M3, Granularity.ROWWISE)
+    torch.testing.assert_close(s, x.float().abs().amax(dim=1) / 448.0)
+    assert snr_db(q.float() * s[:, None], x) > 28
 
 
 def test_quantize_cols_t_blocks_stay_in_their_group_and_pad_with_zeros():
@@ -64,6 +75,12 @@ def test_quantize_blocks_2d_serves_both_orientations():
     assert torch.equal(q.transpose(1, 2).float(), qt.float())
     deq = q.float() * s.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)[:, :200, :136]
     assert snr_db(deq, w) > 28
+    # One orientation alone: the same bytes and scales, the other not written.
+    q_only, no_qt, s_rows = quantize_blocks_2d(w, E4M3, cols_t=False)
+    no_q, qt_only, s_cols = quantize_blocks_2d(w, E4M3, rows=False)
+    assert no_qt is None and no_q is None
+    assert torch.equal(q_only.float(), q.float()) and torch.equal(qt_only.float(), qt.float())
+    assert torch.equal(s_rows, s) and torch.equal(s_cols, s)
 
 
 def _dequantized_group(qt, scale, granularity, group, first_col, rows):

@@ -14,7 +14,7 @@ A training step quantizes each operand once, into every layout its passes read:
   boundaries, as the variable-K wgrad of a grouped GEMM requires). Blockwise in one pass over x;
   rowwise and tensorwise in two (an amax pass, then the casts).
 - `quantize_rows`: the rows' layout alone, one kernel; `quantize_cols_t`: the transposed one alone.
-- `quantize_blocks_2d`: 128x128 weight blocks, written in both orientations with one set of scales.
+- `quantize_blocks_2d`: 128x128 weight blocks, written in either orientation or both, one set of scales.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from kernels.common.device import cdiv, interpreter_mode
 from kernels.common.launch import fast_launch
 
 BLOCK = 128
+# The widest row quantize_rows reads whole (rowwise): 64 fp32 values a thread of 8 warps.
+WHOLE_ROW_MAX = 16384
 FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # (mantissa bits, smallest normal exponent) of each format, for the interpreter's rounding below.
 FP8_GRID: dict[torch.dtype, tuple[int, int]] = {torch.float8_e4m3fn: (3, -6), torch.float8_e5m2: (2, -14)}
@@ -133,29 +135,40 @@ def _quantize_rows_kernel(
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
     MODE: tl.constexpr,  # 0 tensorwise (amax per segment given), 1 rowwise, 2 blockwise 1x128
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    WHOLE_ROWS: tl.constexpr,  # rowwise, BLOCK_C >= C: each row read once, its amax and cast from registers
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < R
-    if MODE == 0:
-        amax = tl.load(amax_ptr + rows // SEGMENT_ROWS, mask=row_mask, other=1.0)
-        scale = tl.maximum(amax, EPS) / FP8_MAX
-    elif MODE == 1:
-        amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for c0 in range(0, C, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < C))
-            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-        scale = tl.maximum(amax, EPS) / FP8_MAX
-        tl.store(scale_ptr + rows, scale, mask=row_mask)
-    for c0 in range(0, C, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
+    if WHOLE_ROWS:
+        cols = tl.arange(0, BLOCK_C)
         mask = row_mask[:, None] & (cols[None, :] < C)
         x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask).to(tl.float32)
-        if MODE == 2:  # BLOCK_C == 128: one scale per row per block
-            scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
-            tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + c0 // BLOCK_C, scale, mask=row_mask)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
+        tl.store(scale_ptr + rows, scale, mask=row_mask)
         q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        if MODE == 0:
+            amax = tl.load(amax_ptr + rows // SEGMENT_ROWS, mask=row_mask, other=1.0)
+            scale = tl.maximum(amax, EPS) / FP8_MAX
+        elif MODE == 1:
+            amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+            for c0 in range(0, C, BLOCK_C):
+                cols = c0 + tl.arange(0, BLOCK_C)
+                mask = row_mask[:, None] & (cols[None, :] < C)
+                x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask)
+                amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+            scale = tl.maximum(amax, EPS) / FP8_MAX
+            tl.store(scale_ptr + rows, scale, mask=row_mask)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            mask = row_mask[:, None] & (cols[None, :] < C)
+            x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask).to(tl.float32)
+            if MODE == 2:  # BLOCK_C == 128: one scale per row per block
+                scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
+                tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + c0 // BLOCK_C, scale, mask=row_mask)
+            q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+            tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -330,9 +343,10 @@ def _quantize_both_kernel(
 def _quantize_blocks_2d_kernel(
     w_ptr, q_ptr, qt_ptr, scale_ptr, R, C,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, COLS_T: tl.constexpr,
 ):
-    """One 128x128 block of w[g] ([G, R, C]) -> q[g] ([G, R, C]) and q^T[g] ([G, C, R]), one scale."""
+    """One 128x128 block of w[g] ([G, R, C]) -> q[g] ([G, R, C]) if ROWS and q^T[g] ([G, C, R]) if COLS_T,
+    one scale."""
     g = tl.program_id(0).to(tl.int64)
     rb, cb = tl.program_id(1), tl.program_id(2)
     rows = rb * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -342,9 +356,12 @@ def _quantize_blocks_2d_kernel(
     w = tl.load(w_ptr + base + rows[:, None] * C + cols[None, :], mask=mask).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(w)), EPS) / FP8_MAX
     tl.store(scale_ptr + (g * tl.num_programs(1) + rb) * tl.num_programs(2) + cb, scale)
-    q = to_fp8_range(w * (1.0 / scale), FP8_MAX, MANTISSA, MIN_EXP, EMULATE).to(q_ptr.dtype.element_ty)
-    tl.store(q_ptr + base + rows[:, None] * C + cols[None, :], q, mask=mask)
-    tl.store(qt_ptr + base + cols[:, None] * R + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    q = to_fp8_range(w * (1.0 / scale), FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+    if ROWS:
+        tl.store(q_ptr + base + rows[:, None] * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    if COLS_T:
+        tl.store(qt_ptr + base + cols[:, None] * R + rows[None, :], tl.trans(q.to(qt_ptr.dtype.element_ty)),
+                 mask=tl.trans(mask))
 
 
 # --- launchers --------------------------------------------------------------------------------------
@@ -393,10 +410,15 @@ def quantize_rows(
     else:
         scale, mode = torch.empty((R, cdiv(C, BLOCK)), dtype=torch.float32, device=x.device), 2
     if R and C:
-        block_r = 32
+        # A rowwise row up to WHOLE_ROW_MAX wide is read once: with 32 rows a program looping over the
+        # columns twice (amax, then cast), the second read came from HBM again.
+        whole_rows = mode == 1 and C <= WHOLE_ROW_MAX
+        block_c = triton.next_power_of_2(C) if whole_rows else BLOCK
+        block_r = max(1, WHOLE_ROW_MAX // 2 // block_c) if whole_rows else 32  # up to 8192 values a program
         _quantize_rows_kernel[(cdiv(R, block_r),)](
             x, q, scale, amax if amax is not None else scale, R, C, x.stride(0), q.stride(0), segment_rows or 1,
-            **fmt, EPS=AMAX_EPS, MODE=mode, BLOCK_R=block_r, BLOCK_C=BLOCK,
+            **fmt, EPS=AMAX_EPS, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c, WHOLE_ROWS=whole_rows,
+            num_warps=8 if whole_rows else 4,
         )
     return q, scale
 
@@ -585,21 +607,25 @@ def quantize_cols_t(
     return (*both.cols_t, both.padded_offs)
 
 
-def quantize_blocks_2d(w: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_blocks_2d(
+    w: torch.Tensor, fp8_dtype: torch.dtype, rows: bool = True, cols_t: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """128x128 block quantization of a contiguous [G, R, C] tensor.
 
-    Returns (q [G, R, C], q^T [G, C, R], scale [G, cdiv(R, 128), cdiv(C, 128)]): both orientations
-    share the scales, so the forward and the dgrad read one quantization of the weight.
+    Returns (q [G, R, C] if `rows`, q^T [G, C, R] if `cols_t`, scale [G, cdiv(R, 128), cdiv(C, 128)]):
+    both orientations share the scales, so the forward and the dgrad read one quantization of the
+    weight; a pass that needs one orientation writes only that one.
     """
     if w.ndim != 3 or not w.is_contiguous():
         raise ValueError(f"quantize_blocks_2d: w must be a contiguous [G, R, C] tensor, got {tuple(w.shape)}")
     G, R, C = w.shape
-    q = torch.empty_like(w, dtype=fp8_dtype)
-    qt = torch.empty((G, C, R), dtype=fp8_dtype, device=w.device)
+    q = torch.empty_like(w, dtype=fp8_dtype) if rows else None
+    qt = torch.empty((G, C, R), dtype=fp8_dtype, device=w.device) if cols_t else None
     grid = (G, cdiv(R, BLOCK), cdiv(C, BLOCK))
     scale = torch.empty(grid, dtype=torch.float32, device=w.device)
     if G and R and C:
         _quantize_blocks_2d_kernel[grid](
-            w, q, qt, scale, R, C, **_format_args(fp8_dtype), EPS=AMAX_EPS, BLOCK_SIZE=BLOCK
+            w, scale if q is None else q, scale if qt is None else qt, scale, R, C, **_format_args(fp8_dtype),
+            EPS=AMAX_EPS, BLOCK_SIZE=BLOCK, ROWS=rows, COLS_T=cols_t,
         )
     return q, qt, scale

@@ -93,7 +93,7 @@ def weight_operand(w: Fp8Tensor, reduce_over_n: bool) -> QuantizedWeight:
     if w.granularity == Granularity.ROWWISE and reduce_over_n:
         return QuantizedWeight.quantize(w.dequantize(torch.float32)[None], True, w.data.dtype, w.granularity)
     if w.granularity == Granularity.BLOCKWISE:
-        blocks = (w.data[None], w.data.t().contiguous()[None], w.scale[None])
+        blocks = (w.data[None], w.data.t().contiguous()[None] if reduce_over_n else None, w.scale[None])
         return QuantizedWeight.quantize(w.data[None], reduce_over_n, w.data.dtype, w.granularity, blocks)
     data = w.data.t().contiguous() if reduce_over_n else w.data
     strides = (0, 0, 0) if w.granularity == Granularity.TENSORWISE else (0, 1, 0)

@@ -33,19 +33,19 @@ class QuantizedWeight:
     """An expert weight quantized for one pass: `data` is [G, out, red] (red contiguous) plus its scales.
 
     `strides` index `scale` as [group, out, k_block]; `out_div` maps an output index to its scale
-    row (128 for 128x128 blocks). BLOCKWISE keeps `blocks`, the result of one `quantize_blocks_2d`.
+    row (128 for 128x128 blocks).
     """
 
     data: torch.Tensor
     scale: torch.Tensor
     strides: tuple[int, int, int]
     out_div: int = 1
-    blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def both(
         cls, w: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granularity, over_cols: bool = True,
-        over_rows: bool = True, blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        over_rows: bool = True,
+        blocks: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor] | None = None,
     ) -> tuple[QuantizedWeight | None, QuantizedWeight | None]:
         """`w`, stored [G, R, C] contiguous, quantized for the passes that reduce over C (the stored rows
         are K-major already) and over R (quantized column-wise, written transposed), each if asked for:
@@ -53,11 +53,10 @@ class QuantizedWeight:
         rowwise and tensorwise: an amax pass and a cast pass)."""
         G, R, C = w.shape
         if granularity == Granularity.BLOCKWISE:
-            blocks = blocks or quantize_blocks_2d(w, fp8_dtype)
-            q, qt, s = blocks
+            q, qt, s = blocks or quantize_blocks_2d(w, fp8_dtype, rows=over_cols, cols_t=over_rows)
             # s is indexed [g, row block, col block]; out is R (reducing over C) or C.
-            return (cls(q, s, s.stride(), 128, blocks) if over_cols else None,
-                    cls(qt, s, (s.stride(0), s.stride(2), s.stride(1)), 128, blocks) if over_rows else None)
+            return (cls(q, s, s.stride(), 128) if over_cols else None,
+                    cls(qt, s, (s.stride(0), s.stride(2), s.stride(1)), 128) if over_rows else None)
         tensorwise = granularity == Granularity.TENSORWISE
         both = quantize_both(w.reshape(G * R, C), fp8_dtype, granularity, RowGroups.equal(G, R), rows=over_cols,
                              cols=over_rows, tensor_per_group=True)
@@ -76,7 +75,7 @@ class QuantizedWeight:
     @classmethod
     def quantize(
         cls, w: torch.Tensor, reduce_over_rows: bool, fp8_dtype: torch.dtype, granularity: Granularity,
-        blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        blocks: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor] | None = None,
     ) -> QuantizedWeight:
         """`w` ([G, R, C]) quantized for one pass: reducing over R (reduce_over_rows) or over C."""
         along_cols, along_rows = cls.both(w, fp8_dtype, granularity, not reduce_over_rows, reduce_over_rows, blocks)
