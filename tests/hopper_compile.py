@@ -24,6 +24,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from kernels.attention.hopper_ws import _attention_fwd_ws_kernel
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
     _bwd_dkdv_kernel,
@@ -160,6 +161,22 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
+def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool,
+                         pingpong: bool = False) -> dict[str, int]:
+    """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16, as forward_ws launches
+    it: wgmmas (QK^T from shared memory, PV with P from registers), registers, spills, shared memory."""
+    def descriptor(rows: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+    types = {"q_desc": descriptor(64), "k_desc": descriptor(block_n), "v_desc": descriptor(block_n),
+             "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
+    constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
+                 "PINGPONG": pingpong}
+    compiled = _compile(_attention_fwd_ws_kernel, types, constants)
+    ptx = compiled.asm["ptx"]
+    return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
+
+
 if __name__ == "__main__":
     found = {f"fp8-d{d}{'-tma' if tma else ''}": compile_forward(True, d, tma) for d in (64, 128, 256)
              for tma in (False, True)}
@@ -176,4 +193,7 @@ if __name__ == "__main__":
     found |= {f"blockwise-ws-wgrad-256{'-accumulate-bf16' if acc else ''}": compile_blockwise_ws(True, acc, 256, 3,
                                                                                                  "*bf16")
               for acc in (False, True)}
+    found |= {f"attention-ws-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
+              compile_attention_ws(d, n, stages, causal)
+              for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4)) for causal in (False, True)}
     print(json.dumps(found))

@@ -19,6 +19,7 @@ from kernels.attention import (
     attention_forward,
     attention_varlen,
     dense_shape,
+    hopper_ws,
     packed_shape,
 )
 from kernels.attention import kernel as kernel_module
@@ -483,6 +484,58 @@ def test_bf16_on_gpu(case):
     q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, torch.bfloat16, "cuda")
     got = autograd_run(q, k, v, g, causal=causal, window=window)
     assert_close(got, reference(q, k, v, g, causal, window), torch.bfloat16)
+
+
+def test_warp_specialized_forward_knob(device):
+    """WS, a knob of the forward's buckets alone: `fits` keeps it to the head dims, key blocks and stages the
+    Gluon kernel serves; where it cannot run (the interpreter, packed problems, a window, Sq > Sk causal,
+    d256) the forward is the Triton one."""
+    assert config_for("fwd", 128, 128).WS in (0, 1) and "WS" not in TUNED_TABLE["bwd_q-d128"]
+    assert fits(dict(TUNED_TABLE["fwd-d128"], WS=1)) and not fits(dict(TUNED_TABLE["fwd-d256"], WS=1))
+    # 128 keys a stage: two stages at d128 (three would take 245 KB), four at d64
+    assert (hopper_ws.stages_for(128), hopper_ws.stages_for(64)) == (2, 4)
+    q, k, v, _ = make(1, 70, 70, 2, 2, 128, 128, torch.float16, device)
+    runs_here = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    assert hopper_ws.supported(q, k, v, True, None, False) == runs_here
+    assert not hopper_ws.supported(q, k, v, True, 16, False)  # a window
+    assert not hopper_ws.supported(q, k[:, :50], v[:, :50], True, None, False)  # causal, Sq > Sk
+    assert not hopper_ws.supported(q, k, v, False, None, True)  # packed
+    assert not hopper_ws.supported(q, k, v, False, None, False, 32, 2)  # a key block it has no layout for
+    assert not hopper_ws.supported(q, k, v, False, None, False, 128, 3)  # 245 KB of shared memory
+
+
+def reference_lse(q, k, causal):
+    """The natural-log LSE [B, Hq, Sq] in float64 (flash-attn's masks, as `reference`)."""
+    (_, Sq, Hq, D), (Sk, Hkv) = q.shape, k.shape[1:3]
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(Hq // Hkv, dim=2)) / math.sqrt(D)
+    if causal:
+        seen = torch.arange(Sk, device=q.device)[None, :] <= torch.arange(Sq, device=q.device)[:, None] + Sk - Sq
+        s = s.masked_fill(~seen, -math.inf)
+    return torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    (2, 1000, 1000, 8, 2, 128, False, 128, 2, torch.bfloat16),
+    (2, 1000, 1000, 8, 2, 128, True, 128, 2, torch.bfloat16),
+    (1, 777, 1500, 4, 4, 128, True, 64, 3, torch.float16),
+    (2, 300, 300, 4, 1, 64, True, 128, 3, torch.bfloat16),
+    (1, 64, 2000, 2, 2, 64, False, 64, 4, torch.float16),
+], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-n64-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16"])
+@pytest.mark.parametrize("pingpong", [False, True], ids=["together", "pingpong"])
+def test_warp_specialized_forward_on_gpu(case, pingpong):
+    """hopper_ws's forward (whatever the tuned table picks) against float64, out and LSE, into poisoned
+    buffers: partial query and key blocks, GQA, causal with Sq < Sk, both key block widths, with and
+    without the two warpgroups taking turns to issue their matmuls."""
+    B, Sq, Sk, Hq, Hkv, D, causal, block_n, stages, dtype = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, dtype, "cuda")
+    assert hopper_ws.supported(q, k, v, causal, None, False, block_n, stages)
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+    hopper_ws.forward_ws(q, k, v, out, lse, causal, kernel_module.LOG2E / math.sqrt(D), block_n, stages, pingpong)
+    assert snr_db(out, reference(q, k, v, g, causal)[0]) >= snr_threshold(dtype_name(dtype))
+    want = reference_lse(q, k, causal)
+    assert torch.isfinite(lse).all() and (lse.double() - want).abs().max() < 1e-3
 
 
 @pytest.mark.gpu

@@ -29,6 +29,7 @@ from kernels.attention import (
     attention_forward,
     attention_varlen,
     dense_shape,
+    hopper_ws,
     packed_shape,
 )
 from kernels.attention import quantize_heads as quantize
@@ -296,6 +297,12 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
         assert fp8["tma_loads"] == 0 and fp8_tma["tma_loads"] > 0, (d, fp8_tma)
     for layout in ("dense", "packed"):
         assert counts[f"quantize-{layout}"]["atomics"] > 0 and counts[f"quantize-{layout}"]["cvt_e4m3"] > 0
+    # The warp-specialized forward (hopper_ws): wgmma only, K and V by TMA, no spills, within its bound.
+    for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4)):
+        for causal in ("", "-causal"):
+            ws = counts[f"attention-ws-d{d}-n{n}-s{stages}{causal}"]
+            assert ws["wgmma"] > 0 and ws["mma_sync"] == 0 and ws["tma_loads"] > 0 and ws["spill_bytes"] == 0, ws
+            assert ws["shared_bytes"] <= hopper_ws.shared_bytes(d, n, stages), ws
 
 
 def test_the_fp8_campaign_preset_validates_and_tunes_the_fp8_forward():

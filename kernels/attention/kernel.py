@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels.attention import hopper_ws
 from kernels.attention.tuning import AttentionConfig, config_for
 from kernels.common.device import cdiv, interpreter_mode
 from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, FP8_MAX, to_fp8_range
@@ -793,10 +794,15 @@ class HeadScales:
 def forward_into(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     shape: AttentionShape, causal: bool, scale: float, window: int | None, scales: HeadScales | None = None,
+    config: AttentionConfig | None = None,
 ) -> None:
     """Write softmax(q k^T * scale) v into out and its natural-log LSE into lse (fp32). With `scales`,
-    q, k and v are E4M3 and both products run in FP8 (the `fwd_fp8` buckets of the tuned table)."""
-    cfg = config_for("fwd" if scales is None else "fwd_fp8", shape.head_dim_qk, shape.head_dim_v)
+    q, k and v are E4M3 and both products run in FP8 (the `fwd_fp8` buckets of the tuned table). `config`:
+    this launch config instead of the tuned table's (benchmarks pin one)."""
+    cfg = config or config_for("fwd" if scales is None else "fwd_fp8", shape.head_dim_qk, shape.head_dim_v)
+    if cfg.WS and hopper_ws.supported(q, k, v, causal, window, shape.packed):
+        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E)
+        return
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] == 0:
         return

@@ -5,7 +5,10 @@ A bucket is a pass (`fwd`, `fwd_fp8`: the FP8 forward, `bwd_kv`: dK/dV per K/V b
 Q block) and the padded head dim (the larger of the q/k and v head dims, rounded up to a power of two:
 MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass.
 TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (kernel.py's docstring;
-tensors without a [rows, heads x head dim] view fall back to pointers). DQ_ATOMIC, in the dK/dV buckets
+tensors without a [rows, heads x head dim] view fall back to pointers). WS, in the forward's buckets only,
+1: the forward runs on the warp-specialized Gluon kernel (hopper_ws.py: 128-row query blocks on two
+consumer warpgroups, 128 keys a stage, as many stages as fit) wherever it serves the problem; the
+bucket's other knobs are the Triton forward's, which runs the rest (packed, windowed, d256 problems). DQ_ATOMIC, in the dK/dV buckets
 only, 1: that pass also adds dQ atomically into an fp32 buffer and the dQ pass does not run (5 block
 matmuls per step of the backward instead of 7, at the cost of fp32 atomics and bit-exact repeats; the
 bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kernels.attention import hopper_ws
 from kernels.common.device import SHARED_MEMORY_BYTES
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
@@ -34,12 +38,13 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "num_stages": (1, 2, 3, 4, 5),
     "TMA": (0, 1),
     "DQ_ATOMIC": (0, 1),
+    "WS": (0, 1),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
-    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
-    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "HEAD_DIM": 256},
+    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 64},
+    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
+    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
     "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "HEAD_DIM": 64},
     "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 128},
     "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 256},
@@ -53,7 +58,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
 # Knobs of one pass only, held by its buckets alone (the search never adds a knob to a bucket).
-PASS_KNOBS: dict[str, str] = {"DQ_ATOMIC": "bwd_kv"}
+PASS_KNOBS: dict[str, str] = {"DQ_ATOMIC": "bwd_kv", "WS": "fwd"}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
@@ -66,6 +71,7 @@ class AttentionConfig:
     num_stages: int
     TMA: int
     DQ_ATOMIC: int = 0
+    WS: int = 0
 
 
 def padded_head_dim(head_dim_qk: int, head_dim_v: int) -> int:
@@ -116,7 +122,10 @@ def shared_memory_bytes(cfg: Mapping[str, int]) -> int:
 
 def fits(cfg: Mapping[str, int]) -> bool:
     """Whether the GPU can run a config well (the search skips the rest): it fits a Hopper SM's shared
-    memory (`shared_memory_bytes`), and DQ_ATOMIC has query blocks of 64 rows or more."""
+    memory (`shared_memory_bytes`), DQ_ATOMIC has query blocks of 64 rows or more, and WS is on only at
+    the head dims the warp-specialized forward serves."""
     if cfg.get("DQ_ATOMIC") and cfg["BLOCK_M"] < 64:
         return False  # dQ = dS K of 32 query rows is too short for wgmma: Triton falls back to mma.sync
+    if cfg.get("WS") and cfg["HEAD_DIM"] not in hopper_ws.HEAD_DIMS:
+        return False
     return shared_memory_bytes(cfg) <= SHARED_MEMORY_BYTES

@@ -1,0 +1,93 @@
+"""The attention forward alone: the warp-specialized Gluon kernel (kernels/attention/hopper_ws.py) against
+the Triton one and SDPA's cuDNN and FlashAttention-2 backends, interleaved.
+
+Each round times every variant once, back to back, on the same inputs (L2 flushed before each call), so
+all see the same GPU state; the rounds' median is reported, in TFLOPS (4 B H Sq Sk D, halved when causal,
+flash-attn's count) and as a ratio to SDPA cuDNN. Variants: the Triton forward under the tuned table's
+bucket with WS off (`triton`), and the warp-specialized one at each (key block, stages) of `--ws`, its two
+warpgroups issuing their matmuls as they come and (`--pingpong`) taking turns.
+
+    python benchmarks/attention_ab.py --rounds 5 --pingpong --csv attention_ab.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from passes_report import report
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import kernels  # noqa: F401  (interpreter switch before triton loads)
+from harness.timing import Timer
+from kernels.attention import dense_shape, hopper_ws
+from kernels.attention.kernel import LOG2E, forward_into
+from kernels.attention.tuning import config_for
+
+# label: (B, S, Hq, Hkv, D, causal)
+SHAPES = {"d128 2x8k h16": (2, 8192, 16, 16, 128, False), "d128 2x8k h16 causal": (2, 8192, 16, 16, 128, True),
+          "d64 2x8k h16": (2, 8192, 16, 16, 64, False), "d64 2x8k h16 causal": (2, 8192, 16, 16, 64, True),
+          "llama3-8b 4x4k gqa causal": (4, 4096, 32, 8, 128, True)}
+
+
+def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[tuple[int, int]],
+             pingpong: bool) -> dict[str, Callable[[], object]]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda")
+    shape, scale = dense_shape(q, k, v), D ** -0.5
+    triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
+    found = {"triton": lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)}
+    for block_n, stages in ws:
+        for turns in (False, True) if pingpong else (False,):
+            if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
+                name = f"ws n{block_n} s{stages}{' pingpong' if turns else ''}"
+                found[name] = lambda n=block_n, st=stages, t=turns: hopper_ws.forward_ws(
+                    q, k, v, out, lse, causal, scale * LOG2E, n, st, t)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(Hq // Hkv, 2), v.repeat_interleave(Hq // Hkv, 2)))
+    for name, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
+        def sdpa(backend: SDPBackend = backend) -> None:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        found[name] = sdpa
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--ws", nargs="+", default=["128:2", "128:3", "128:4"],
+                        help="the warp-specialized kernel's key block:stages to time (those that fit)")
+    parser.add_argument("--pingpong", action="store_true", help="each also with the warpgroups taking turns")
+    parser.add_argument("--only", default="", help="keep shapes whose label contains this")
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args()
+    ws = [tuple(int(x) for x in item.split(":")) for item in args.ws]
+    timer = Timer(torch.device("cuda"), repeats=args.repeats, warmup=3)
+    rows = []
+    for label, (B, S, Hq, Hkv, D, causal) in SHAPES.items():
+        if args.only not in label:
+            continue
+        calls = variants(B, S, Hq, Hkv, D, causal, ws, args.pingpong)
+        flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1)
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                times[name].append(timer.time(fn).median_ms)
+        anchor = statistics.median(times["sdpa cudnn"])
+        for name, samples in times.items():
+            ms = statistics.median(samples)
+            rows.append({"label": label, "impl": name, "ms": ms, "tflops": flops / ms / 1e9,
+                         "ratio": anchor / ms, "spread": (max(samples) - min(samples)) / ms})
+    report(rows, "attention forward A/B (ratio: over SDPA cuDNN)", ["label", "impl", "ms", "tflops", "ratio",
+                                                                    "spread"], args.csv, group="impl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""The attention forward on Hopper with warp specialization (Gluon), FlashAttention-3's division of labour.
+
+The Triton forward (kernel.py) runs every warp through the same loop: load a key block, QK^T, softmax,
+PV. Its tensor cores wait while the warps exponentiate, and its loads are issued by the same warps
+that wait on them. Here the roles are split, as in FlashAttention-3 and kernels/common/blockwise_ws.py:
+
+- one producer warp streams K and V blocks through a ring of shared-memory stages with TMA (K and V
+  on barriers of their own, so a block's QK^T starts before its V has landed), after loading the
+  CTA's 128 query rows once;
+- two consumer warpgroups, each owning 64 of those rows, run QK^T (both operands from shared memory),
+  the online softmax in registers (base 2, the scale folded into one multiply), and PV with P straight
+  from registers (wgmma's register A operand: P is never written to shared memory), then release the
+  stage. They meet only at the stage barriers, so one warpgroup's softmax runs under the other's
+  matmuls.
+
+What it serves (`supported`): dense (not packed) bf16/fp16 problems with head dim 64 or 128 for q, k
+and v, no sliding window, causal only with Sq <= Sk (every query then sees key 0, so no row's first
+block is empty), tensors TMA can read as [batch x sequence, heads x head dim]. Semantics, outputs and
+the LSE are the Triton forward's (kernel.py's docstring): the backward reads either. A K/V block past
+the sequence's end reads the next sequence's rows (or zeros past the tensor): those keys are masked.
+Gluon kernels do not run in the CPU interpreter; tests/test_attention.py compares this forward with the
+Triton one and float64 on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode
+from kernels.common.launch import fast_launch
+from kernels.common.tma import bind_context
+
+# The TMA load's name since Triton 3.7 (async_copy_global_to_shared before).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 query rows
+HALF_M = gl.constexpr(64)
+LN2 = gl.constexpr(0.6931471805599453)
+HEAD_DIMS = (64, 128)
+BLOCK_NS = (64, 128)
+# 128 keys a stage: 1.13-1.18x the throughput of 64 keys at 3 or 4 stages (d128, H100, benchmarks/attention_ab.py)
+KEY_BLOCK = 128
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+@gluon.jit
+def _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The CTA's query block and (batch, q head, kv head), and its key blocks: [0, n_full) with every key
+    visible to every row, [n_full, n_blocks) masked (the causal diagonal, the sequence's end). Causal
+    query blocks run longest first (program 0 takes the last block)."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    b = bh // heads_q
+    h = bh % heads_q
+    m0 = pid_m * BLOCK_M
+    if CAUSAL:  # bottom-right aligned: row i sees keys j <= i + Sk - Sq
+        diag = seqlen_k - seqlen_q
+        n_blocks = gl.cdiv(gl.minimum(m0 + BLOCK_M + diag, seqlen_k), BLOCK_N)
+        n_full = gl.minimum(m0 + diag + 1, seqlen_k) // BLOCK_N
+    else:
+        n_blocks = gl.cdiv(seqlen_k, BLOCK_N)
+        n_full = seqlen_k // BLOCK_N
+    return b, h, h // group, m0, n_full, n_blocks
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
+                    seqlen_q, seqlen_k, heads_q, group,
+                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    b, h, kvh, m0, _n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    q_row = b * seqlen_q + m0
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, h * HEAD_DIM], q_ready, q_smem.index(0))
+    _tma_load(q_desc, [q_row + HALF_M, h * HEAD_DIM], q_ready, q_smem.index(1))
+    k_row = b * seqlen_k
+    for j in range(n_blocks):
+        s = j % STAGES
+        # A fresh barrier counts as having completed the phase before its first: the first lap passes.
+        free_phase = ((j // STAGES) & 1) ^ 1
+        # K is released once its scores are computed, V after its product: the next K lands early.
+        mbarrier.wait(k_free.index(s), free_phase)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], k_ready.index(s), k_bufs.index(s))
+        mbarrier.wait(v_free.index(s), free_phase)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _issue_scores(j, q, k_bufs, k_ready, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """QK^T of key block j, issued (asynchronous) once its K has landed."""
+    s = j % STAGES
+    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+    return warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
+                         use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(j, p_op, v_bufs, v_ready, acc, STAGES: gl.constexpr):
+    """acc += P V of key block j, issued (asynchronous) once its V has landed."""
+    s = j % STAGES
+    mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+    return warpgroup_mma(p_op, v_bufs.index(s), acc, is_async=True)
+
+
+@gluon.jit
+def _wait_turn(turn, event, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """Wait until it is this warpgroup's turn to issue its `event`-th batch of matmuls: warpgroup 0 goes
+    first (its first wait passes on the fresh barrier), then each waits for the other's pass."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(HALF), (event & 1) ^ (1 - HALF))
+
+
+@gluon.jit
+def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """This warpgroup's matmuls are issued: the other's turn."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - HALF), count=1)
+
+
+@gluon.jit
+def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale, v_bufs, s_layout: gl.constexpr,
+                    o_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Block j's scores into the running max and sum: (P in the PV product's operand layout, the factor
+    that rescales the output so far, m_i, l_i). Blocks from n_full on are masked: keys past the sequence's
+    end, and right of the causal diagonal, get no weight."""
+    scores = scores * qk_scale
+    if j >= n_full:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = gl.expand_dims(cols < seqlen_k, 0)
+        if CAUSAL:
+            visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag, 1))
+        scores = gl.where(visible, scores, -float("inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    p = gl.exp2(scores - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    p_op = gl.convert_layout(p.to(v_bufs.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    return p_op, gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1), m_new, l_i
+
+
+@gluon.jit
+def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
+                       seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                       stride_ob, stride_os, stride_oh, stride_lb, stride_lh, turn,
+                       HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
+    diag = seqlen_k - seqlen_q
+    # A finite floor: a block that masks a whole row then leaves its sums as they were (alpha = 1, p = 0).
+    m_i = gl.full([HALF_M], -1.0e30, gl.float32, row_layout)
+    l_i = gl.zeros([HALF_M], gl.float32, row_layout)
+    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
+    mbarrier.wait(q_ready, 0)
+    q = q_smem.index(HALF)
+    # FlashAttention-3's schedule: block j's QK^T and block j-1's PV are in flight while block j's softmax
+    # waits on the first only; the output is rescaled once the second has landed. PINGPONG: the two
+    # warpgroups take turns issuing them, so one's matmuls run under the other's softmax.
+    _wait_turn(turn, 0, HALF, PINGPONG)
+    scores = _issue_scores(0, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
+    _pass_turn(turn, HALF, PINGPONG)
+    scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
+    mbarrier.arrive(k_free.index(0), count=1)
+    p_op, alpha, m_i, l_i = _online_softmax(0, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
+                                            v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
+    for j in range(1, n_blocks):
+        _wait_turn(turn, j, HALF, PINGPONG)
+        scores = _issue_scores(j, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
+        acc = _issue_pv(j - 1, p_op, v_bufs, v_ready, acc, STAGES)
+        _pass_turn(turn, HALF, PINGPONG)
+        scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores,))
+        mbarrier.arrive(k_free.index(j % STAGES), count=1)
+        p_op, alpha, m_i, l_i = _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
+                                                v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_free.index((j - 1) % STAGES), count=1)
+        acc = acc * alpha
+    _wait_turn(turn, n_blocks, HALF, PINGPONG)
+    acc = _issue_pv(n_blocks - 1, p_op, v_bufs, v_ready, acc, STAGES)
+    _pass_turn(turn, HALF, PINGPONG)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_free.index((n_blocks - 1) % STAGES), count=1)
+    # 16-byte stores: each thread writes 8 consecutive elements of a row.
+    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
+                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+    out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), store_layout)
+    out_rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
+    o_ptrs = (o_ptr + b.to(gl.int64) * stride_ob + h * stride_oh + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
+              + gl.expand_dims(cols, 0))
+    gl.store(o_ptrs, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    lse = (m_i + gl.log2(l_i)) * LN2
+    gl.store(lse_ptr + b.to(gl.int64) * stride_lb + h * stride_lh + rows, lse, mask=rows < seqlen_q)
+
+
+@fast_launch
+@gluon.jit
+def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                             stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_free.index(s), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_free.index(s), count=2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for half in gl.static_range(2):
+        mbarrier.init(turn.index(half), count=1)
+    gl.warp_specialize([
+        (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
+                              seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
+                              stride_lb, stride_lh, turn, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
+        (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
+                              seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
+                              stride_lb, stride_lh, turn, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
+                           seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [232, 40])
+
+
+def shared_bytes(head_dim: int, block_n: int, stages: int, element_size: int = 2) -> int:
+    """An upper bound of a launch's shared memory: q's 128 rows, a K and a V block a stage, the compiler's
+    layout-change scratch (16 KB at head dim 64 and 128 alike, Triton 3.6 and 3.9 for sm_90a: counted as a
+    [64, max(head dim, 128)] tile), and 1 KB for the barriers. tests/test_attention_fp8.py checks it
+    against the compiled kernels."""
+    scratch = HALF_M.value * max(head_dim, 128)
+    return ((BLOCK_M.value + 2 * stages * block_n) * head_dim + scratch) * element_size + 1024
+
+
+def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
+    """t [B, S, H, D] as [B x S, H x D] (one head's D columns a box), or None if its strides forbid it."""
+    B, S, H, D = t.shape
+    if t.stride(3) != 1 or t.stride(2) != D or (B > 1 and t.stride(0) != S * t.stride(1)):
+        return None
+    if t.data_ptr() % 16 or (t.stride(1) * t.element_size()) % 16:
+        return None
+    return t.as_strided((B * S, H * D), (t.stride(1), 1))
+
+
+def stages_for(head_dim: int, block_n: int = KEY_BLOCK) -> int:
+    """The deepest K/V ring (2 to 4 stages) that fits in shared memory: d128 2, d64 4."""
+    return max((s for s in (2, 3, 4) if shared_bytes(head_dim, block_n, s) <= SHARED_MEMORY_BYTES), default=2)
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
+              block_n: int = KEY_BLOCK, stages: int | None = None) -> bool:
+    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (default stages_for):
+    see the module's docstring."""
+    stages = stages or stages_for(q.shape[-1])
+    if packed or window is not None or interpreter_mode() or not q.is_cuda or q.dtype not in _GL_DTYPES:
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim or block_n not in BLOCK_NS:
+        return False
+    if shared_bytes(head_dim, block_n, stages, q.element_size()) > SHARED_MEMORY_BYTES:
+        return False
+    if k.shape[1] == 0 or (causal and q.shape[1] > k.shape[1]):
+        return False
+    return all(_rows_view(t) is not None for t in (q, k, v))
+
+
+def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
+    block = [rows, head_dim]
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[view.dtype])
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               causal: bool, qk_scale_log2: float, block_n: int = KEY_BLOCK, stages: int | None = None,
+               pingpong: bool = False) -> None:
+    """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
+    Hq, D], k and v [B, Sk, Hkv, D], out like q, lse [B, Hq, Sq] fp32; block_n keys a stage, `stages` deep
+    (default stages_for). Check `supported` first."""
+    B, Sq, Hq, D = q.shape
+    stages = stages or stages_for(D)
+    Sk, Hkv = k.shape[1], k.shape[2]
+    grid = (cdiv(Sq, BLOCK_M.value), B * Hq)
+    if grid[0] * grid[1] == 0:
+        return
+    bind_context(q.device)
+    _attention_fwd_ws_kernel[grid](
+        _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
+        _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong, num_warps=4,
+    )
