@@ -4,10 +4,9 @@ the Triton one and SDPA's cuDNN and FlashAttention-2 backends, interleaved.
 Each round times every variant once, back to back, on the same inputs (L2 flushed before each call), so
 all see the same GPU state; the rounds' median is reported, in TFLOPS (4 B H Sq Sk D, halved when causal,
 flash-attn's count) and as a ratio to SDPA cuDNN. Variants: the Triton forward under the tuned table's
-bucket with WS off (`triton`), and the warp-specialized one at each (key block, stages) of `--ws`, its two
-warpgroups issuing their matmuls as they come and (`--pingpong`) taking turns.
+bucket with WS off (`triton`), and the warp-specialized one at each (key block, stages) of `--ws`.
 
-    python benchmarks/attention_ab.py --rounds 5 --pingpong --csv attention_ab.csv
+    python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ SHAPES = {"d128 2x8k h16": (2, 8192, 16, 16, 128, False), "d128 2x8k h16 causal"
           "llama3-8b 4x4k gqa causal": (4, 4096, 32, 8, 128, True)}
 
 
-def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[tuple[int, int]],
-             pingpong: bool) -> dict[str, Callable[[], object]]:
+def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool,
+             ws: list[tuple[int, int]]) -> dict[str, Callable[[], object]]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
@@ -44,11 +43,9 @@ def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[t
     triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
     found = {"triton": lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)}
     for block_n, stages in ws:
-        for turns in (False, True) if pingpong else (False,):
-            if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
-                name = f"ws n{block_n} s{stages}{' pingpong' if turns else ''}"
-                found[name] = lambda n=block_n, st=stages, t=turns: hopper_ws.forward_ws(
-                    q, k, v, out, lse, causal, scale * LOG2E, n, st, t)
+        if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
+            found[f"ws n{block_n} s{stages}"] = lambda n=block_n, st=stages: hopper_ws.forward_ws(
+                q, k, v, out, lse, causal, scale * LOG2E, n, st)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(Hq // Hkv, 2), v.repeat_interleave(Hq // Hkv, 2)))
     for name, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
         def sdpa(backend: SDPBackend = backend) -> None:
@@ -62,9 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--ws", nargs="+", default=["128:2", "128:3", "128:4"],
+    parser.add_argument("--ws", nargs="+", default=["128:2", "128:3"],
                         help="the warp-specialized kernel's key block:stages to time (those that fit)")
-    parser.add_argument("--pingpong", action="store_true", help="each also with the warpgroups taking turns")
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
@@ -74,7 +70,7 @@ def main() -> None:
     for label, (B, S, Hq, Hkv, D, causal) in SHAPES.items():
         if args.only not in label:
             continue
-        calls = variants(B, S, Hq, Hkv, D, causal, ws, args.pingpong)
+        calls = variants(B, S, Hq, Hkv, D, causal, ws)
         flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1)
         times: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(args.rounds):

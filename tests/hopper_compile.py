@@ -161,8 +161,7 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
-def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool,
-                         pingpong: bool = False) -> dict[str, int]:
+def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
     """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16, as forward_ws launches
     it: wgmmas (QK^T from shared memory, PV with P from registers), registers, spills, shared memory."""
     def descriptor(rows: int) -> str:
@@ -170,8 +169,7 @@ def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool,
         return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
     types = {"q_desc": descriptor(64), "k_desc": descriptor(block_n), "v_desc": descriptor(block_n),
              "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
-    constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
-                 "PINGPONG": pingpong}
+    constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
     compiled = _compile(_attention_fwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}

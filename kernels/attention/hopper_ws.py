@@ -110,35 +110,20 @@ def _issue_pv(j, p_op, v_bufs, v_ready, acc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _wait_turn(turn, event, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    """Wait until it is this warpgroup's turn to issue its `event`-th batch of matmuls: warpgroup 0 goes
-    first (its first wait passes on the fresh barrier), then each waits for the other's pass."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(HALF), (event & 1) ^ (1 - HALF))
-
-
-@gluon.jit
-def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    """This warpgroup's matmuls are issued: the other's turn."""
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - HALF), count=1)
-
-
-@gluon.jit
 def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale, v_bufs, s_layout: gl.constexpr,
                     o_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """Block j's scores into the running max and sum: (P in the PV product's operand layout, the factor
     that rescales the output so far, m_i, l_i). Blocks from n_full on are masked: keys past the sequence's
     end, and right of the causal diagonal, get no weight."""
-    scores = scores * qk_scale
     if j >= n_full:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = gl.expand_dims(cols < seqlen_k, 0)
         if CAUSAL:
             visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag, 1))
         scores = gl.where(visible, scores, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-    p = gl.exp2(scores - gl.expand_dims(m_new, 1))
+    # The running max in scaled units: each score costs one FMA (scale, subtract the max) and one exp2.
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1) * qk_scale)
+    p = gl.exp2(scores * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     p_op = gl.convert_layout(p.to(v_bufs.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
@@ -148,9 +133,9 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
 @gluon.jit
 def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                        seqlen_q, seqlen_k, heads_q, group, qk_scale,
-                       stride_ob, stride_os, stride_oh, stride_lb, stride_lh, turn,
+                       stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                        HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+                       CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -166,20 +151,16 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
     mbarrier.wait(q_ready, 0)
     q = q_smem.index(HALF)
     # FlashAttention-3's schedule: block j's QK^T and block j-1's PV are in flight while block j's softmax
-    # waits on the first only; the output is rescaled once the second has landed. PINGPONG: the two
-    # warpgroups take turns issuing them, so one's matmuls run under the other's softmax.
-    _wait_turn(turn, 0, HALF, PINGPONG)
+    # waits on the first only; the output is rescaled once the second has landed. (The two warpgroups
+    # taking turns to issue their matmuls, FA3's ping-pong, measured 0.90-1.04x of this: not kept.)
     scores = _issue_scores(0, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
-    _pass_turn(turn, HALF, PINGPONG)
     scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
     mbarrier.arrive(k_free.index(0), count=1)
     p_op, alpha, m_i, l_i = _online_softmax(0, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
                                             v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
     for j in range(1, n_blocks):
-        _wait_turn(turn, j, HALF, PINGPONG)
         scores = _issue_scores(j, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
         acc = _issue_pv(j - 1, p_op, v_bufs, v_ready, acc, STAGES)
-        _pass_turn(turn, HALF, PINGPONG)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores,))
         mbarrier.arrive(k_free.index(j % STAGES), count=1)
         p_op, alpha, m_i, l_i = _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
@@ -187,9 +168,7 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(v_free.index((j - 1) % STAGES), count=1)
         acc = acc * alpha
-    _wait_turn(turn, n_blocks, HALF, PINGPONG)
     acc = _issue_pv(n_blocks - 1, p_op, v_bufs, v_ready, acc, STAGES)
-    _pass_turn(turn, HALF, PINGPONG)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_free.index((n_blocks - 1) % STAGES), count=1)
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
@@ -211,7 +190,7 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
 def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale,
                              stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                             CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+                             CAUSAL: gl.constexpr):
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -226,16 +205,13 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(k_free.index(s), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_free.index(s), count=2)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(2):
-        mbarrier.init(turn.index(half), count=1)
     gl.warp_specialize([
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                               seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
-                              stride_lb, stride_lh, turn, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
+                              stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                               seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
-                              stride_lb, stride_lh, turn, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
+                              stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
                            seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [232, 40])
@@ -261,8 +237,9 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def stages_for(head_dim: int, block_n: int = KEY_BLOCK) -> int:
-    """The deepest K/V ring (2 to 4 stages) that fits in shared memory: d128 2, d64 4."""
-    return max((s for s in (2, 3, 4) if shared_bytes(head_dim, block_n, s) <= SHARED_MEMORY_BYTES), default=2)
+    """The deepest K/V ring of 2 or 3 stages that fits in shared memory: d128 2, d64 3 (at d64, 4 stages
+    measured 0.88-0.96x of 3, 2 stages 0.95-0.97x; H100, benchmarks/attention_ab.py)."""
+    return 3 if shared_bytes(head_dim, block_n, 3) <= SHARED_MEMORY_BYTES else 2
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
@@ -291,8 +268,7 @@ def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescripto
 
 
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               causal: bool, qk_scale_log2: float, block_n: int = KEY_BLOCK, stages: int | None = None,
-               pingpong: bool = False) -> None:
+               causal: bool, qk_scale_log2: float, block_n: int = KEY_BLOCK, stages: int | None = None) -> None:
     """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
     Hq, D], k and v [B, Sk, Hkv, D], out like q, lse [B, Hq, Sq] fp32; block_n keys a stage, `stages` deep
     (default stages_for). Check `supported` first."""
@@ -307,5 +283,5 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
         _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong, num_warps=4,
+        HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
