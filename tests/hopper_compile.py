@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from kernels.attention.hopper_ws import DKDV_TILES, _attention_bwd_dkdv_ws_kernel, _attention_fwd_ws_kernel
+from kernels.attention.hopper_ws import _attention_fwd_ws_kernel
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
     _bwd_dkdv_kernel,
@@ -175,21 +175,6 @@ def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool)
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
-def compile_attention_dkdv_ws(head_dim: int, block_q: int, stages: int, causal: bool) -> dict[str, int]:
-    """The warp-specialized dK/dV pass (kernels/attention/hopper_ws.py) in bf16, as backward_dkdv_ws launches it."""
-    def descriptor(rows: int) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
-    types = {"q_desc": descriptor(block_q), "k_desc": descriptor(64), "v_desc": descriptor(64),
-             "do_desc": descriptor(block_q),
-             "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "qk_scale": "fp32",
-             "sm_scale": "fp32"}
-    constants = {"HEAD_DIM": head_dim, "BLOCK_Q": block_q, "STAGES": stages, "CAUSAL": causal}
-    compiled = _compile(_attention_bwd_dkdv_ws_kernel, types, constants)
-    ptx = compiled.asm["ptx"]
-    return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
-
-
 if __name__ == "__main__":
     found = {f"fp8-d{d}{'-tma' if tma else ''}": compile_forward(True, d, tma) for d in (64, 128, 256)
              for tma in (False, True)}
@@ -209,7 +194,4 @@ if __name__ == "__main__":
     found |= {f"attention-ws-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
               compile_attention_ws(d, n, stages, causal)
               for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4)) for causal in (False, True)}
-    found |= {f"attention-dkdv-ws-d{d}-q{q}-s{stages}{'-causal' if causal else ''}":
-              compile_attention_dkdv_ws(d, q, stages, causal)
-              for d, (q, stages) in DKDV_TILES.items() for causal in (False, True)}
     print(json.dumps(found))

@@ -242,32 +242,23 @@ def stages_for(head_dim: int, block_n: int = KEY_BLOCK) -> int:
     return 3 if shared_bytes(head_dim, block_n, 3) <= SHARED_MEMORY_BYTES else 2
 
 
-def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool) -> bool:
-    """What both passes need of a problem (q, k, v first among `tensors`): see the module's docstring."""
-    q, k = tensors[0], tensors[1]
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
+              block_n: int = KEY_BLOCK, stages: int | None = None) -> bool:
+    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (default stages_for):
+    see the module's docstring."""
+    stages = stages or stages_for(q.shape[-1])
     if packed or window is not None or interpreter_mode() or not q.is_cuda or q.dtype not in _GL_DTYPES:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    if q.shape[-1] not in HEAD_DIMS or any(t.shape[-1] != q.shape[-1] for t in tensors):
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim or block_n not in BLOCK_NS:
+        return False
+    if shared_bytes(head_dim, block_n, stages, q.element_size()) > SHARED_MEMORY_BYTES:
         return False
     if k.shape[1] == 0 or (causal and q.shape[1] > k.shape[1]):
         return False
-    return all(_rows_view(t) is not None for t in tensors)
-
-
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
-              block_n: int = KEY_BLOCK, stages: int | None = None) -> bool:
-    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (default stages_for)."""
-    stages = stages or stages_for(q.shape[-1])
-    return (block_n in BLOCK_NS and shared_bytes(q.shape[-1], block_n, stages, q.element_size()) <= SHARED_MEMORY_BYTES
-            and _serves((q, k, v), causal, window, packed))
-
-
-def supports_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, causal: bool,
-                      window: int | None, packed: bool) -> bool:
-    """Whether backward_dkdv_ws runs the problem (its tiles, DKDV_TILES, fit at every head dim it serves)."""
-    return _serves((q, k, v, grad_out), causal, window, packed)
+    return all(_rows_view(t) is not None for t in (q, k, v))
 
 
 def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
@@ -293,185 +284,4 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
-    )
-
-
-# --- the backward's dK/dV pass --------------------------------------------------------------------------------
-# The forward's pattern turned around: a CTA owns 128 keys of one kv head (64 a consumer warpgroup, its
-# K and V rows loaded once), the producer streams the query blocks of every q head of the group (q and dO
-# tiles of BLOCK_Q rows by TMA), and each warpgroup keeps dK and dV in registers: per query block
-# S^T = K Q^T and dP^T = V dO^T from shared memory, P^T = exp2(S^T scale - LSE) and
-# dS^T = P^T (dP^T - delta) in registers, dV += P^T dO and dK += dS^T Q with P^T and dS^T straight from
-# registers. dQ keeps its own pass (kernel.py's Triton dQ kernel): no atomics, the same bits run to run.
-
-LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def _key_tile(seqlen_q, seqlen_k, heads_kv, group, BLOCK_Q: gl.constexpr, CAUSAL: gl.constexpr):
-    """The CTA's key block, batch and kv head, and its query blocks: those that see a key of the block
-    run from i_lo; [i_full, i_end) need no mask (every query of them sees every key, and lies before Sq)."""
-    n0 = gl.program_id(0) * BLOCK_M
-    bh = gl.program_id(1)
-    b = bh // heads_kv
-    kvh = bh % heads_kv
-    i_end = seqlen_q // BLOCK_Q
-    n_blocks = gl.cdiv(seqlen_q, BLOCK_Q)
-    if CAUSAL:  # query i sees key j iff j <= i + Sk - Sq
-        diag = seqlen_k - seqlen_q
-        i_lo = gl.maximum(n0 - diag, 0) // BLOCK_Q
-        i_full = gl.cdiv(gl.maximum(n0 + BLOCK_M - 1 - diag, 0), BLOCK_Q)
-    else:
-        i_lo = 0
-        i_full = 0
-    return b, kvh, n0, i_lo, i_full, i_end, n_blocks
-
-
-@gluon.jit
-def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                         do_ready, qdo_free, seqlen_q, seqlen_k, heads_kv, group,
-                         HEAD_DIM: gl.constexpr, BLOCK_Q: gl.constexpr, STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr):
-    b, kvh, n0, i_lo, _i_full, _i_end, n_blocks = _key_tile(seqlen_q, seqlen_k, heads_kv, group, BLOCK_Q, CAUSAL)
-    k_row = b * seqlen_k + n0
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-    for half in gl.static_range(2):
-        _tma_load(k_desc, [k_row + half * HALF_M, kvh * HEAD_DIM], kv_ready, k_smem.index(half))
-        _tma_load(v_desc, [k_row + half * HALF_M, kvh * HEAD_DIM], kv_ready, v_smem.index(half))
-    per_head = n_blocks - i_lo
-    for t in range(group * per_head):
-        s = t % STAGES
-        h = kvh * group + t // per_head
-        q_row = b * seqlen_q + (i_lo + t % per_head) * BLOCK_Q
-        mbarrier.wait(qdo_free.index(s), ((t // STAGES) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row, h * HEAD_DIM], q_ready.index(s), q_bufs.index(s))
-        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
-        _tma_load(do_desc, [q_row, h * HEAD_DIM], do_ready.index(s), do_bufs.index(s))
-
-
-@gluon.jit
-def _dkdv_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, qdo_free, lse_ptr, delta_ptr,
-                    dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale,
-                    stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                    HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_Q: gl.constexpr, STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr):
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_Q, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
-    b, kvh, n0, i_lo, i_full, i_end, n_blocks = _key_tile(seqlen_q, seqlen_k, heads_kv, group, BLOCK_Q, CAUSAL)
-    keys = n0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, st_layout))
-    diag = seqlen_k - seqlen_q
-    dk = gl.zeros([HALF_M, HEAD_DIM], gl.float32, kv_layout)
-    dv = gl.zeros([HALF_M, HEAD_DIM], gl.float32, kv_layout)
-    mbarrier.wait(kv_ready, 0)
-    k = k_smem.index(HALF)
-    v = v_smem.index(HALF)
-    per_head = n_blocks - i_lo
-    for t in range(group * per_head):
-        s = t % STAGES
-        phase = (t // STAGES) & 1
-        i = i_lo + t % per_head
-        queries = i * BLOCK_Q + gl.arange(0, BLOCK_Q, layout=col_layout)
-        stats = b.to(gl.int64) * stride_lb + (kvh * group + t // per_head) * stride_lh + queries
-        # Loaded before the waits, their latency hidden there; rows past Sq read 0 and are masked below.
-        lse = gl.load(lse_ptr + stats, mask=queries < seqlen_q, other=0.0) * LOG2E
-        delta = gl.load(delta_ptr + stats, mask=queries < seqlen_q, other=0.0)
-        mbarrier.wait(q_ready.index(s), phase)
-        s_t = warpgroup_mma(k, q_bufs.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_Q], gl.float32, st_layout),
-                            use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(s), phase)
-        dp_t = warpgroup_mma(v, do_bufs.index(s).permute((1, 0)),
-                             gl.zeros([HALF_M, BLOCK_Q], gl.float32, st_layout), use_acc=False, is_async=True)
-        s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
-        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
-        if (i < i_full) | (i >= i_end):
-            visible = gl.expand_dims(queries < seqlen_q, 0)
-            if CAUSAL:
-                visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries + diag, 0))
-            p_t = gl.where(visible, p_t, 0.0)
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(do_bufs.dtype), op_layout), do_bufs.index(s), dv, is_async=True)
-        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
-        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-        dk = warpgroup_mma(gl.convert_layout(ds_t.to(q_bufs.dtype), op_layout), q_bufs.index(s), dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-        mbarrier.arrive(qdo_free.index(s), count=1)
-    # 16-byte stores: each thread writes 8 consecutive elements of a row; key rows past Sk are dropped.
-    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
-                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
-    rows = n0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
-    rows64 = gl.expand_dims(rows.to(gl.int64), 1)
-    mask = gl.expand_dims(rows < seqlen_k, 1)
-    dk_ptrs = dk_ptr + b.to(gl.int64) * stride_dkb + kvh * stride_dkh + rows64 * stride_dks + gl.expand_dims(cols, 0)
-    gl.store(dk_ptrs, gl.convert_layout((dk * sm_scale).to(dk_ptr.dtype.element_ty), store_layout), mask=mask)
-    dv_ptrs = dv_ptr + b.to(gl.int64) * stride_dvb + kvh * stride_dvh + rows64 * stride_dvs + gl.expand_dims(cols, 0)
-    gl.store(dv_ptrs, gl.convert_layout(dv.to(dv_ptr.dtype.element_ty), store_layout), mask=mask)
-
-
-@fast_launch
-@gluon.jit
-def _attention_bwd_dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                                  seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale,
-                                  stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh,
-                                  stride_dvb, stride_dvs, stride_dvh,
-                                  HEAD_DIM: gl.constexpr, BLOCK_Q: gl.constexpr, STAGES: gl.constexpr,
-                                  CAUSAL: gl.constexpr):
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, HALF_M, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, HALF_M, HEAD_DIM], v_desc.layout)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_Q, HEAD_DIM], q_desc.layout)
-    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_Q, HEAD_DIM], do_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qdo_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(s), count=1)
-        mbarrier.init(do_ready.index(s), count=1)
-        mbarrier.init(qdo_free.index(s), count=2)  # one arrival per consumer warpgroup
-    gl.warp_specialize([
-        (_dkdv_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, qdo_free, lse_ptr, delta_ptr,
-                           dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_lb,
-                           stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0,
-                           HEAD_DIM, BLOCK_Q, STAGES, CAUSAL)),
-        (_dkdv_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, qdo_free, lse_ptr, delta_ptr,
-                           dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_lb,
-                           stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1,
-                           HEAD_DIM, BLOCK_Q, STAGES, CAUSAL)),
-        (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                                do_ready, qdo_free, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM, BLOCK_Q, STAGES,
-                                CAUSAL)),
-    ], [4, 1], [232, 40])
-
-
-# (query rows a block, stages) of the dK/dV pass by head dim. At d128, 64-row blocks keep dK, dV and two
-# 64-wide score tiles in registers at once and spill; 32-row blocks do not.
-DKDV_TILES = {64: (64, 3), 128: (32, 3)}
-
-
-def backward_dkdv_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
-                     delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, qk_scale_log2: float,
-                     sm_scale: float, block_q: int | None = None, stages: int | None = None) -> None:
-    """dK and dV into dk and dv ([B, Sk, Hkv, D], laid out as k), from the forward's natural-log LSE and
-    delta = rowsum(dO * O) ([B, Hq, Sq] fp32 each); the scores scaled as in forward_ws, sm_scale the
-    softmax scale itself. grad_out [B, Sq, Hq, D] as q; block_q query rows a block, `stages` deep (defaults:
-    DKDV_TILES). Check `supports_backward` first."""
-    B, Sq, Hq, D = q.shape
-    default_q, default_stages = DKDV_TILES[D]
-    block_q, stages = block_q or default_q, stages or default_stages
-    Sk, Hkv = k.shape[1], k.shape[2]
-    grid = (cdiv(Sk, BLOCK_M.value), B * Hkv)
-    if grid[0] * grid[1] == 0:
-        return
-    bind_context(q.device)
-    _attention_bwd_dkdv_ws_kernel[grid](
-        _descriptor(_rows_view(q), block_q, D), _descriptor(_rows_view(k), HALF_M.value, D),
-        _descriptor(_rows_view(v), HALF_M.value, D), _descriptor(_rows_view(grad_out), block_q, D),
-        lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv, qk_scale_log2, sm_scale,
-        lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
-        HEAD_DIM=D, BLOCK_Q=block_q, STAGES=stages, CAUSAL=causal, num_warps=4,
     )

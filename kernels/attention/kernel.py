@@ -823,11 +823,9 @@ def backward_into(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
     shape: AttentionShape, causal: bool, scale: float, window: int | None, deterministic: bool = False,
-    dkdv_config: AttentionConfig | None = None,
 ) -> None:
     """Write the gradients of q, k and v into dq, dk and dv (shaped like q, k, v). `deterministic`: dQ in
-    its own pass even where the dK/dV bucket adds it atomically (the same bits run to run). `dkdv_config`:
-    this dK/dV config instead of the tuned table's (benchmarks pin one)."""
+    its own pass even where the dK/dV bucket adds it atomically (the same bits run to run)."""
     common = _common(shape, causal, window)
     cu_q, cu_k = _cu(shape, q)
     scalars = (shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E, scale)
@@ -843,17 +841,13 @@ def backward_into(
     tensors = (q, k, v, grad_out, lse, delta)
     strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
 
-    cfg = dkdv_config or config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
-    # WS: dK and dV on the warp-specialized kernel, dQ in its own pass (that kernel adds none).
-    warp_specialized = bool(cfg.WS) and hopper_ws.supports_backward(q, k, v, grad_out, causal, window, shape.packed)
-    if deterministic or warp_specialized:
+    cfg = config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
+    if deterministic:
         cfg = replace(cfg, DQ_ATOMIC=0)
-    if warp_specialized:
-        hopper_ws.backward_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, causal, scale * LOG2E, scale)
     # DQ_ATOMIC: the dK/dV pass adds dQ into fp32 (zeroed: every key block adds its share), and no dQ pass runs.
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if cfg.DQ_ATOMIC else dq
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)
-    if grid[0] * grid[1] > 0 and not warp_specialized:
+    if grid[0] * grid[1] > 0:
         tma, views = _tma_views(cfg, shape, ((q, True, cfg.BLOCK_M), (grad_out, False, cfg.BLOCK_M)))
         # TMA reductions of dQ's tiles: GPU only (the interpreter has none; there the atomic adds run).
         reduce_dq = tma and cfg.DQ_ATOMIC and not interpreter_mode()
