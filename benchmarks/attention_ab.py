@@ -1,12 +1,15 @@
-"""The attention forward alone: the warp-specialized Gluon kernel (kernels/attention/hopper_ws.py) against
-the Triton one and SDPA's cuDNN and FlashAttention-2 backends, interleaved.
+"""The attention forward or backward alone, ours next to SDPA's cuDNN and FlashAttention-2 backends,
+interleaved.
 
 Each round times every variant once, back to back, on the same inputs (L2 flushed before each call), so
-all see the same GPU state; the rounds' median is reported, in TFLOPS (4 B H Sq Sk D, halved when causal,
-flash-attn's count) and as a ratio to SDPA cuDNN. Variants: the Triton forward under the tuned table's
-bucket with WS off (`triton`), and the warp-specialized one at each (key block, stages) of `--ws`.
+all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4 B H Sq Sk D, halved when
+causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward variants: the
+Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized Gluon one
+(kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`. Backward (`--pass bwd`): our
+whole backward as the table runs it (delta, dK/dV, dQ), SDPA's from its own forward's graph.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
+    python benchmarks/attention_ab.py --pass bwd --rounds 5 --csv attention_ab_bwd.csv
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.timing import Timer
 from kernels.attention import dense_shape, hopper_ws
-from kernels.attention.kernel import LOG2E, forward_into
+from kernels.attention.kernel import LOG2E, backward_into, forward_into
 from kernels.attention.tuning import config_for
 
 # label: (B, S, Hq, Hkv, D, causal)
@@ -33,24 +36,40 @@ SHAPES = {"d128 2x8k h16": (2, 8192, 16, 16, 128, False), "d128 2x8k h16 causal"
           "llama3-8b 4x4k gqa causal": (4, 4096, 32, 8, 128, True)}
 
 
-def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool,
-             ws: list[tuple[int, int]]) -> dict[str, Callable[[], object]]:
+def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[tuple[int, int]],
+             backward: bool) -> dict[str, Callable[[], object]]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    grad = torch.randn_like(q)
     out, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda")
     shape, scale = dense_shape(q, k, v), D ** -0.5
-    triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
-    found = {"triton": lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)}
-    for block_n, stages in ws:
-        if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
-            found[f"ws n{block_n} s{stages}"] = lambda n=block_n, st=stages: hopper_ws.forward_ws(
-                q, k, v, out, lse, causal, scale * LOG2E, n, st)
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(Hq // Hkv, 2), v.repeat_interleave(Hq // Hkv, 2)))
+    found: dict[str, Callable[[], object]] = {}
+    if backward:
+        forward_into(q, k, v, out, lse, shape, causal, scale, None)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        found["ours"] = lambda: backward_into(grad, q, k, v, out, lse, dq, dk, dv, shape, causal, scale, None)
+    else:
+        triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
+        found["triton"] = lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)
+        for block_n, stages in ws:
+            if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
+                found[f"ws n{block_n} s{stages}"] = lambda n=block_n, st=stages: hopper_ws.forward_ws(
+                    q, k, v, out, lse, causal, scale * LOG2E, n, st)
+    group = Hq // Hkv
+    leaves = [t.transpose(1, 2).detach().requires_grad_(backward)
+              for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2))]
+    grad_t = grad.transpose(1, 2)
     for name, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
-        def sdpa(backend: SDPBackend = backend) -> None:
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        with sdpa_kernel(backend), torch.set_grad_enabled(backward):
+            graph = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+        def sdpa(backend: SDPBackend = backend, graph: torch.Tensor = graph) -> None:
+            if backward:
+                torch.autograd.grad(graph, leaves, grad_t, retain_graph=True)
+            else:
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(*leaves, is_causal=causal)
         found[name] = sdpa
     return found
 
@@ -61,6 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--ws", nargs="+", default=["128:2", "128:3"],
                         help="the warp-specialized kernel's key block:stages to time (those that fit)")
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
@@ -70,8 +90,9 @@ def main() -> None:
     for label, (B, S, Hq, Hkv, D, causal) in SHAPES.items():
         if args.only not in label:
             continue
-        calls = variants(B, S, Hq, Hkv, D, causal, ws)
-        flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1)
+        backward = args.pass_ == "bwd"
+        calls = variants(B, S, Hq, Hkv, D, causal, ws, backward)
+        flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1) * (2.5 if backward else 1.0)
         times: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, fn in calls.items():
@@ -81,7 +102,7 @@ def main() -> None:
             ms = statistics.median(samples)
             rows.append({"label": label, "impl": name, "ms": ms, "tflops": flops / ms / 1e9,
                          "ratio": anchor / ms, "spread": (max(samples) - min(samples)) / ms})
-    report(rows, "attention forward A/B (ratio: over SDPA cuDNN)", ["label", "impl", "ms", "tflops", "ratio",
+    report(rows, f"attention {args.pass_} A/B (ratio: over SDPA cuDNN)", ["label", "impl", "ms", "tflops", "ratio",
                                                                     "spread"], args.csv, group="impl")
 
 
