@@ -5,8 +5,7 @@ Each round times every variant once, back to back, on the same inputs (L2 flushe
 all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4 B H Sq Sk D, halved when
 causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward variants: the
 Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized Gluon one
-(kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`, persistent (a program per SM walking the
-tiles) and with a program a tile. Backward (`--pass bwd`): our
+(kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`. Backward (`--pass bwd`): our
 whole backward as the table runs it (delta, dK/dV, dQ), SDPA's from its own forward's graph.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import statistics
 from collections.abc import Callable
 
@@ -54,11 +52,10 @@ def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[t
     else:
         triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
         found["triton"] = lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)
-        for (block_n, stages), persistent in itertools.product(ws, (True, False)):
+        for block_n, stages in ws:
             if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
-                name = f"ws n{block_n} s{stages}{'' if persistent else ' tile a program'}"
-                found[name] = lambda n=block_n, st=stages, p=persistent: hopper_ws.forward_ws(
-                    q, k, v, out, lse, causal, scale * LOG2E, n, st, p)
+                found[f"ws n{block_n} s{stages}"] = lambda n=block_n, st=stages: hopper_ws.forward_ws(
+                    q, k, v, out, lse, causal, scale * LOG2E, n, st)
     group = Hq // Hkv
     leaves = [t.transpose(1, 2).detach().requires_grad_(backward)
               for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2))]

@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, persistent_programs
+from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode
 from kernels.common.launch import fast_launch
 from kernels.common.tma import bind_context
 
@@ -44,21 +44,18 @@ HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
 # 128 keys a stage: 1.13-1.18x the throughput of 64 keys at 3 or 4 stages (d128, H100, benchmarks/attention_ab.py)
 KEY_BLOCK = 128
-# One program per SM walking the tiles, or one program a tile (benchmarks/attention_ab.py times both).
-PERSISTENT = True
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 @gluon.jit
-def _tile(t, seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile t's query block and (batch, q head, kv head), and its key blocks: [0, n_full) with every key
-    visible to every row, [n_full, n_blocks) masked (the causal diagonal, the sequence's end). A head's
-    query blocks are consecutive tiles (its K and V stay in L2); causal ones run longest first."""
-    num_m = gl.cdiv(seqlen_q, BLOCK_M)
-    pid_m = t % num_m
+def _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The CTA's query block and (batch, q head, kv head), and its key blocks: [0, n_full) with every key
+    visible to every row, [n_full, n_blocks) masked (the causal diagonal, the sequence's end). Causal
+    query blocks run longest first (program 0 takes the last block)."""
+    pid_m = gl.program_id(0)
     if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    bh = t // num_m
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
     b = bh // heads_q
     h = bh % heads_q
     m0 = pid_m * BLOCK_M
@@ -73,31 +70,26 @@ def _tile(t, seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: 
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                    seqlen_q, seqlen_k, heads_q, group, tiles,
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
+                    seqlen_q, seqlen_k, heads_q, group,
                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    it = 0  # K/V blocks loaded so far, over every tile of this program: the ring's position and phase
-    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        done = (t - gl.program_id(0)) // gl.num_programs(0)  # this program's tiles before t
-        b, h, kvh, m0, _n_full, n_blocks = _tile(t, seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
-        q_row = b * seqlen_q + m0
-        # A fresh barrier counts as having completed the phase before its first: the first wait passes.
-        mbarrier.wait(q_free, (done & 1) ^ 1)  # the previous tile's scores are all computed
-        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row, h * HEAD_DIM], q_ready, q_smem.index(0))
-        _tma_load(q_desc, [q_row + HALF_M, h * HEAD_DIM], q_ready, q_smem.index(1))
-        k_row = b * seqlen_k
-        for j in range(n_blocks):
-            s = it % STAGES
-            free_phase = ((it // STAGES) & 1) ^ 1
-            # K is released once its scores are computed, V after its product: the next K lands early.
-            mbarrier.wait(k_free.index(s), free_phase)
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], k_ready.index(s), k_bufs.index(s))
-            mbarrier.wait(v_free.index(s), free_phase)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], v_ready.index(s), v_bufs.index(s))
-            it += 1
+    b, h, kvh, m0, _n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    q_row = b * seqlen_q + m0
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, h * HEAD_DIM], q_ready, q_smem.index(0))
+    _tma_load(q_desc, [q_row + HALF_M, h * HEAD_DIM], q_ready, q_smem.index(1))
+    k_row = b * seqlen_k
+    for j in range(n_blocks):
+        s = j % STAGES
+        # A fresh barrier counts as having completed the phase before its first: the first lap passes.
+        free_phase = ((j // STAGES) & 1) ^ 1
+        # K is released once its scores are computed, V after its product: the next K lands early.
+        mbarrier.wait(k_free.index(s), free_phase)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], k_ready.index(s), k_bufs.index(s))
+        mbarrier.wait(v_free.index(s), free_phase)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], v_ready.index(s), v_bufs.index(s))
 
 
 @gluon.jit
@@ -139,8 +131,8 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
 
 
 @gluon.jit
-def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
-                       seqlen_q, seqlen_k, heads_q, group, tiles, qk_scale,
+def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
+                       seqlen_q, seqlen_k, heads_q, group, qk_scale,
                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                        HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr):
@@ -149,86 +141,79 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
+    diag = seqlen_k - seqlen_q
+    # A finite floor: a block that masks a whole row then leaves its sums as they were (alpha = 1, p = 0).
+    m_i = gl.full([HALF_M], -1.0e30, gl.float32, row_layout)
+    l_i = gl.zeros([HALF_M], gl.float32, row_layout)
+    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
+    mbarrier.wait(q_ready, 0)
+    q = q_smem.index(HALF)
+    # FlashAttention-3's schedule: block j's QK^T and block j-1's PV are in flight while block j's softmax
+    # waits on the first only; the output is rescaled once the second has landed. (The two warpgroups
+    # taking turns to issue their matmuls, FA3's ping-pong, measured 0.90-1.04x of this: not kept.)
+    scores = _issue_scores(0, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
+    scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
+    mbarrier.arrive(k_free.index(0), count=1)
+    p_op, alpha, m_i, l_i = _online_softmax(0, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
+                                            v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
+    for j in range(1, n_blocks):
+        scores = _issue_scores(j, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
+        acc = _issue_pv(j - 1, p_op, v_bufs, v_ready, acc, STAGES)
+        scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores,))
+        mbarrier.arrive(k_free.index(j % STAGES), count=1)
+        p_op, alpha, m_i, l_i = _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
+                                                v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_free.index((j - 1) % STAGES), count=1)
+        acc = acc * alpha
+    acc = _issue_pv(n_blocks - 1, p_op, v_bufs, v_ready, acc, STAGES)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_free.index((n_blocks - 1) % STAGES), count=1)
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
     store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
                                                   HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
-    diag = seqlen_k - seqlen_q
-    q = q_smem.index(HALF)
-    it = 0  # K/V blocks consumed so far, over every tile of this program (the producer's count)
-    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        done = (t - gl.program_id(0)) // gl.num_programs(0)
-        b, h, _kvh, m0, n_full, n_blocks = _tile(t, seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
-        rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
-        # A finite floor: a block that masks a whole row then leaves its sums as they were (alpha = 1, p = 0).
-        m_i = gl.full([HALF_M], -1.0e30, gl.float32, row_layout)
-        l_i = gl.zeros([HALF_M], gl.float32, row_layout)
-        acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
-        mbarrier.wait(q_ready, done & 1)
-        # FlashAttention-3's schedule: block j's QK^T and block j-1's PV are in flight while block j's softmax
-        # waits on the first only; the output is rescaled once the second has landed. (The two warpgroups
-        # taking turns to issue their matmuls, FA3's ping-pong, measured 0.90-1.04x of this: not kept.)
-        scores = _issue_scores(it, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
-        scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
-        mbarrier.arrive(k_free.index(it % STAGES), count=1)
-        p_op, alpha, m_i, l_i = _online_softmax(0, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
-                                                v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
-        for j in range(1, n_blocks):
-            scores = _issue_scores(it + j, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
-            acc = _issue_pv(it + j - 1, p_op, v_bufs, v_ready, acc, STAGES)
-            scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores,))
-            mbarrier.arrive(k_free.index((it + j) % STAGES), count=1)
-            p_op, alpha, m_i, l_i = _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
-                                                    v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(v_free.index((it + j - 1) % STAGES), count=1)
-            acc = acc * alpha
-        mbarrier.arrive(q_free, count=1)  # every score of the tile computed: the next tile's q may land
-        it += n_blocks
-        acc = _issue_pv(it - 1, p_op, v_bufs, v_ready, acc, STAGES)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_free.index((it - 1) % STAGES), count=1)
-        out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
-        out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), store_layout)
-        out_rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
-        o_ptrs = (o_ptr + b.to(gl.int64) * stride_ob + h * stride_oh
-                  + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1) + gl.expand_dims(cols, 0))
-        gl.store(o_ptrs, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
-        lse = (m_i + gl.log2(l_i)) * LN2
-        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + h * stride_lh + rows, lse, mask=rows < seqlen_q)
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+    out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), store_layout)
+    out_rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
+    o_ptrs = (o_ptr + b.to(gl.int64) * stride_ob + h * stride_oh + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
+              + gl.expand_dims(cols, 0))
+    gl.store(o_ptrs, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    lse = (m_i + gl.log2(l_i)) * LN2
+    gl.store(lse_ptr + b.to(gl.int64) * stride_lb + h * stride_lh + rows, lse, mask=rows < seqlen_q)
 
 
 @fast_launch
 @gluon.jit
-def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, tiles,
-                             qk_scale, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                             stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                              CAUSAL: gl.constexpr):
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_free, count=2)  # one arrival per consumer warpgroup
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_free.index(s), count=2)
+        mbarrier.init(k_free.index(s), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_free.index(s), count=2)
     gl.warp_specialize([
-        (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr,
-                              lse_ptr, seqlen_q, seqlen_k, heads_q, group, tiles, qk_scale, stride_ob, stride_os,
-                              stride_oh, stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
-        (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr,
-                              lse_ptr, seqlen_q, seqlen_k, heads_q, group, tiles, qk_scale, stride_ob, stride_os,
-                              stride_oh, stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
-                           v_free, seqlen_q, seqlen_k, heads_q, group, tiles, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+        (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
+                              seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
+                              stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+        (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
+                              seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
+                              stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
+                           seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [232, 40])
 
 
@@ -283,23 +268,20 @@ def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescripto
 
 
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               causal: bool, qk_scale_log2: float, block_n: int = KEY_BLOCK, stages: int | None = None,
-               persistent: bool = PERSISTENT) -> None:
+               causal: bool, qk_scale_log2: float, block_n: int = KEY_BLOCK, stages: int | None = None) -> None:
     """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
     Hq, D], k and v [B, Sk, Hkv, D], out like q, lse [B, Hq, Sq] fp32; block_n keys a stage, `stages` deep
-    (default stages_for). `persistent`: one program per SM walks the tiles (the next tile's q and first K/V
-    blocks load under this one's epilogue), else one program a tile. Check `supported` first."""
+    (default stages_for). Check `supported` first."""
     B, Sq, Hq, D = q.shape
     stages = stages or stages_for(D)
     Sk, Hkv = k.shape[1], k.shape[2]
-    tiles = cdiv(Sq, BLOCK_M.value) * B * Hq
-    if tiles == 0:
+    grid = (cdiv(Sq, BLOCK_M.value), B * Hq)
+    if grid[0] * grid[1] == 0:
         return
     bind_context(q.device)
-    grid = (persistent_programs(q.device, tiles) if persistent else tiles,)
     _attention_fwd_ws_kernel[grid](
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
-        _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, tiles, qk_scale_log2,
+        _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
