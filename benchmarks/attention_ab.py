@@ -33,6 +33,7 @@ from kernels.attention.tuning import config_for
 # label: (B, S, Hq, Hkv, D, causal)
 SHAPES = {"d128 2x8k h16": (2, 8192, 16, 16, 128, False), "d128 2x8k h16 causal": (2, 8192, 16, 16, 128, True),
           "d64 2x8k h16": (2, 8192, 16, 16, 64, False), "d64 2x8k h16 causal": (2, 8192, 16, 16, 64, True),
+          "d256 2x8k h8": (2, 8192, 8, 8, 256, False), "d256 2x8k h8 causal": (2, 8192, 8, 8, 256, True),
           "llama3-8b 4x4k gqa causal": (4, 4096, 32, 8, 128, True)}
 
 
@@ -78,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--ws", nargs="+", default=["128:2", "128:3"],
+    parser.add_argument("--ws", nargs="+", default=["128:2", "128:3", "64:2"],
                         help="the warp-specialized kernel's key block:stages to time (those that fit)")
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")

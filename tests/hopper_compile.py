@@ -193,5 +193,5 @@ if __name__ == "__main__":
               for acc in (False, True)}
     found |= {f"attention-ws-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
               compile_attention_ws(d, n, stages, causal)
-              for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4)) for causal in (False, True)}
+              for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)) for causal in (False, True)}
     print(json.dumps(found))

@@ -491,9 +491,10 @@ def test_warp_specialized_forward_knob(device):
     Gluon kernel serves; where it cannot run (the interpreter, packed problems, a window, Sq > Sk causal,
     d256) the forward is the Triton one."""
     assert config_for("fwd", 128, 128).WS in (0, 1) and "WS" not in TUNED_TABLE["bwd_q-d128"]
-    assert fits(dict(TUNED_TABLE["fwd-d128"], WS=1)) and not fits(dict(TUNED_TABLE["fwd-d256"], WS=1))
-    # 128 keys a stage: two stages at d128 (three would take 245 KB), three at d64
-    assert (hopper_ws.stages_for(128), hopper_ws.stages_for(64)) == (2, 3)
+    assert all(fits(dict(TUNED_TABLE[f"fwd-d{d}"], WS=1)) for d in (64, 128, 256))
+    assert not fits(dict(TUNED_TABLE["fwd-d128"], WS=1, HEAD_DIM=192))
+    # 128 keys a stage, 64 at d256: two stages at d128 (three would take 245 KB) and d256, three at d64
+    assert [hopper_ws.stages_for(d) for d in (64, 128, 256)] == [3, 2, 2]
     q, k, v, _ = make(1, 70, 70, 2, 2, 128, 128, torch.float16, device)
     runs_here = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     assert hopper_ws.supported(q, k, v, True, None, False) == runs_here
@@ -521,7 +522,9 @@ def reference_lse(q, k, causal):
     (1, 777, 1500, 4, 4, 128, True, 64, 3, torch.float16),
     (2, 300, 300, 4, 1, 64, True, 128, 3, torch.bfloat16),
     (1, 64, 2000, 2, 2, 64, False, 64, 4, torch.float16),
-], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-n64-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16"])
+    (1, 300, 420, 4, 2, 256, True, 64, 2, torch.bfloat16),
+], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-n64-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16",
+        "causal-d256"])
 def test_warp_specialized_forward_on_gpu(case):
     """hopper_ws's forward (whatever the tuned table picks) against float64, out and LSE, into poisoned
     buffers: partial query and key blocks, GQA, causal with Sq < Sk, both key block widths."""

@@ -298,7 +298,7 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
     for layout in ("dense", "packed"):
         assert counts[f"quantize-{layout}"]["atomics"] > 0 and counts[f"quantize-{layout}"]["cvt_e4m3"] > 0
     # The warp-specialized forward (hopper_ws): wgmma only, K and V by TMA, no spills, within its bound.
-    for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4)):
+    for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)):
         for causal in ("", "-causal"):
             ws = counts[f"attention-ws-d{d}-n{n}-s{stages}{causal}"]
             assert ws["wgmma"] > 0 and ws["mma_sync"] == 0 and ws["tma_loads"] > 0 and ws["spill_bytes"] == 0, ws

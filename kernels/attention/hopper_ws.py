@@ -13,8 +13,8 @@ that wait on them. Here the roles are split, as in FlashAttention-3 and kernels/
   stage. They meet only at the stage barriers, so one warpgroup's softmax runs under the other's
   matmuls.
 
-What it serves (`supported`): dense (not packed) bf16/fp16 problems with head dim 64 or 128 for q, k
-and v, no sliding window, causal only with Sq <= Sk (every query then sees key 0, so no row's first
+What it serves (`supported`): dense (not packed) bf16/fp16 problems with head dim 64, 128 or 256 for q,
+k and v, no sliding window, causal only with Sq <= Sk (every query then sees key 0, so no row's first
 block is empty), tensors TMA can read as [batch x sequence, heads x head dim]. Semantics, outputs and
 the LSE are the Triton forward's (kernel.py's docstring): the backward reads either. A K/V block past
 the sequence's end reads the next sequence's rows (or zeros past the tensor): those keys are masked.
@@ -40,10 +40,15 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 query rows
 HALF_M = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
-# 128 keys a stage: 1.13-1.18x the throughput of 64 keys at 3 or 4 stages (d128, H100, benchmarks/attention_ab.py)
-KEY_BLOCK = 128
+
+
+def key_block_for(head_dim: int) -> int:
+    """Keys a stage: 128 (1.13-1.18x the throughput of 64 keys at 3 or 4 stages at d128, H100,
+    benchmarks/attention_ab.py), 64 at d256 (where two stages of 128 would not fit in shared memory)."""
+    return 128 if head_dim <= 128 else 64
+
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
@@ -219,9 +224,9 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
 
 def shared_bytes(head_dim: int, block_n: int, stages: int, element_size: int = 2) -> int:
     """An upper bound of a launch's shared memory: q's 128 rows, a K and a V block a stage, the compiler's
-    layout-change scratch (16 KB at head dim 64 and 128 alike, Triton 3.6 and 3.9 for sm_90a: counted as a
-    [64, max(head dim, 128)] tile), and 1 KB for the barriers. tests/test_attention_fp8.py checks it
-    against the compiled kernels."""
+    layout-change scratch (16 KB at head dim 64 and 128 alike, 32 KB at 256, Triton 3.6 and 3.9 for sm_90a:
+    counted as a [64, max(head dim, 128)] tile), and 1 KB for the barriers. tests/test_attention_fp8.py
+    checks it against the compiled kernels."""
     scratch = HALF_M.value * max(head_dim, 128)
     return ((BLOCK_M.value + 2 * stages * block_n) * head_dim + scratch) * element_size + 1024
 
@@ -236,16 +241,18 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
     return t.as_strided((B * S, H * D), (t.stride(1), 1))
 
 
-def stages_for(head_dim: int, block_n: int = KEY_BLOCK) -> int:
-    """The deepest K/V ring of 2 or 3 stages that fits in shared memory: d128 2, d64 3 (at d64, 4 stages
-    measured 0.88-0.96x of 3, 2 stages 0.95-0.97x; H100, benchmarks/attention_ab.py)."""
-    return 3 if shared_bytes(head_dim, block_n, 3) <= SHARED_MEMORY_BYTES else 2
+def stages_for(head_dim: int) -> int:
+    """The deepest K/V ring of 2 or 3 stages of key_block_for(head_dim) keys that fits in shared memory:
+    d64 3, d128 and d256 2 (at d64, 4 stages measured 0.88-0.96x of 3, 2 stages 0.95-0.97x; H100,
+    benchmarks/attention_ab.py)."""
+    return 3 if shared_bytes(head_dim, key_block_for(head_dim), 3) <= SHARED_MEMORY_BYTES else 2
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
-              block_n: int = KEY_BLOCK, stages: int | None = None) -> bool:
-    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (default stages_for):
-    see the module's docstring."""
+              block_n: int | None = None, stages: int | None = None) -> bool:
+    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (defaults:
+    key_block_for, stages_for): see the module's docstring."""
+    block_n = block_n or key_block_for(q.shape[-1])
     stages = stages or stages_for(q.shape[-1])
     if packed or window is not None or interpreter_mode() or not q.is_cuda or q.dtype not in _GL_DTYPES:
         return False
@@ -268,11 +275,12 @@ def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescripto
 
 
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               causal: bool, qk_scale_log2: float, block_n: int = KEY_BLOCK, stages: int | None = None) -> None:
+               causal: bool, qk_scale_log2: float, block_n: int | None = None, stages: int | None = None) -> None:
     """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
     Hq, D], k and v [B, Sk, Hkv, D], out like q, lse [B, Hq, Sq] fp32; block_n keys a stage, `stages` deep
-    (default stages_for). Check `supported` first."""
+    (defaults: key_block_for, stages_for). Check `supported` first."""
     B, Sq, Hq, D = q.shape
+    block_n = block_n or key_block_for(D)
     stages = stages or stages_for(D)
     Sk, Hkv = k.shape[1], k.shape[2]
     grid = (cdiv(Sq, BLOCK_M.value), B * Hq)

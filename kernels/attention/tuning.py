@@ -8,7 +8,7 @@ TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (k
 tensors without a [rows, heads x head dim] view fall back to pointers). WS, in the forward's buckets only,
 1: the forward runs on the warp-specialized Gluon kernel (hopper_ws.py: 128-row query blocks on two
 consumer warpgroups, 128 keys a stage, as many stages as fit) wherever it serves the problem; the
-bucket's other knobs are the Triton forward's, which runs the rest (packed, windowed, d256 problems). DQ_ATOMIC, in the dK/dV buckets
+bucket's other knobs are the Triton forward's, which runs the rest (packed, windowed, MLA problems). DQ_ATOMIC, in the dK/dV buckets
 only, 1: that pass also adds dQ atomically into an fp32 buffer and the dQ pass does not run (5 block
 matmuls per step of the backward instead of 7, at the cost of fp32 atomics and bit-exact repeats; the
 bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
