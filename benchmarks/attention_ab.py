@@ -6,7 +6,8 @@ all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4
 causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward variants: the
 Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized Gluon one
 (kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`. Backward (`--pass bwd`): our
-whole backward as the table runs it (delta, dK/dV, dQ), SDPA's from its own forward's graph.
+whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and on the warp-specialized one,
+SDPA's from its own forward's graph.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
     python benchmarks/attention_ab.py --pass bwd --rounds 5 --csv attention_ab_bwd.csv
@@ -49,7 +50,10 @@ def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[t
     if backward:
         forward_into(q, k, v, out, lse, shape, causal, scale, None)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        found["ours"] = lambda: backward_into(grad, q, k, v, out, lse, dq, dk, dv, shape, causal, scale, None)
+        for name, ws_on in (("triton dq", 0), ("ws dq", 1)):
+            cfg = dataclasses.replace(config_for("bwd_q", D, D), WS=ws_on)
+            found[name] = lambda c=cfg: backward_into(grad, q, k, v, out, lse, dq, dk, dv, shape, causal, scale, None,
+                                                      dq_config=c)
     else:
         triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
         found["triton"] = lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)

@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from kernels.attention.hopper_ws import _attention_fwd_ws_kernel
+from kernels.attention.hopper_ws import _attention_bwd_dq_ws_kernel, _attention_fwd_ws_kernel
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
     _bwd_dkdv_kernel,
@@ -175,6 +175,20 @@ def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool)
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
+def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
+    """The warp-specialized dQ pass (kernels/attention/hopper_ws.py) in bf16, as backward_dq_ws launches it."""
+    def descriptor(rows: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+    types = {"q_desc": descriptor(64), "k_desc": descriptor(block_n), "v_desc": descriptor(block_n),
+             "do_desc": descriptor(64), "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16",
+             "qk_scale": "fp32", "sm_scale": "fp32"}
+    constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
+    compiled = _compile(_attention_bwd_dq_ws_kernel, types, constants)
+    ptx = compiled.asm["ptx"]
+    return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
+
+
 if __name__ == "__main__":
     found = {f"fp8-d{d}{'-tma' if tma else ''}": compile_forward(True, d, tma) for d in (64, 128, 256)
              for tma in (False, True)}
@@ -194,4 +208,6 @@ if __name__ == "__main__":
     found |= {f"attention-ws-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
               compile_attention_ws(d, n, stages, causal)
               for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)) for causal in (False, True)}
+    found |= {f"attention-dq-ws-d{d}{'-causal' if causal else ''}": compile_attention_dq_ws(d, 64, 3, causal)
+              for d in (64, 128) for causal in (False, True)}
     print(json.dumps(found))

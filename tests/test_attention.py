@@ -486,11 +486,12 @@ def test_bf16_on_gpu(case):
     assert_close(got, reference(q, k, v, g, causal, window), torch.bfloat16)
 
 
-def test_warp_specialized_forward_knob(device):
-    """WS, a knob of the forward's buckets alone: `fits` keeps it to the head dims, key blocks and stages the
-    Gluon kernel serves; where it cannot run (the interpreter, packed problems, a window, Sq > Sk causal,
-    d256) the forward is the Triton one."""
-    assert config_for("fwd", 128, 128).WS in (0, 1) and "WS" not in TUNED_TABLE["bwd_q-d128"]
+def test_warp_specialized_knob(device):
+    """WS, a knob of the forward's and the dQ pass's buckets (not dK/dV's): `fits` keeps it to the head dims
+    the Gluon kernels serve; where they cannot run (the interpreter, packed problems, a window, Sq > Sk
+    causal, MLA) the pass is the Triton one."""
+    assert {config_for("fwd", 128, 128).WS, config_for("bwd_q", 128, 128).WS} <= {0, 1}
+    assert "WS" not in TUNED_TABLE["bwd_kv-d128"]
     assert all(fits(dict(TUNED_TABLE[f"fwd-d{d}"], WS=1)) for d in (64, 128, 256))
     assert not fits(dict(TUNED_TABLE["fwd-d128"], WS=1, HEAD_DIM=192))
     # 128 keys a stage, 64 at d256: two stages at d128 (three would take 245 KB) and d256, three at d64
@@ -502,6 +503,9 @@ def test_warp_specialized_forward_knob(device):
     assert not hopper_ws.supported(q, k[:, :50], v[:, :50], True, None, False)  # causal, Sq > Sk
     assert not hopper_ws.supported(q, k, v, False, None, True)  # packed
     assert not hopper_ws.supported(q, k, v, False, None, False, 32, 2)  # a key block it has no layout for
+    assert hopper_ws.supports_dq(q, k, v, q, True, None, False) == runs_here
+    q256 = torch.zeros(1, 64, 2, 256, device=device, dtype=torch.float16)
+    assert not hopper_ws.supports_dq(q256, q256, q256, q256, False, None, False)  # dQ at d256: the Triton pass
     assert not hopper_ws.supported(q, k, v, False, None, False, 128, 3)  # 245 KB of shared memory
 
 
@@ -537,6 +541,28 @@ def test_warp_specialized_forward_on_gpu(case):
     assert snr_db(out, reference(q, k, v, g, causal)[0]) >= snr_threshold(dtype_name(dtype))
     want = reference_lse(q, k, causal)
     assert torch.isfinite(lse).all() and (lse.double() - want).abs().max() < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    (2, 1000, 1000, 8, 2, 128, False, torch.bfloat16),
+    (2, 1000, 1000, 8, 2, 128, True, torch.bfloat16),
+    (1, 777, 1500, 4, 4, 128, True, torch.float16),
+    (2, 300, 300, 4, 1, 64, True, torch.bfloat16),
+    (1, 64, 2000, 2, 2, 64, False, torch.float16),
+], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16"])
+def test_warp_specialized_dq_on_gpu(case):
+    """hopper_ws's dQ pass against float64 into a poisoned buffer, from the float64 LSE and delta: partial
+    query and key blocks, GQA, causal with Sq < Sk."""
+    B, Sq, Sk, Hq, Hkv, D, causal, dtype = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, dtype, "cuda")
+    assert hopper_ws.supports_dq(q, k, v, g, causal, None, False)
+    out, dq_want, _, _ = reference(q, k, v, g, causal)
+    lse = reference_lse(q, k, causal).float()
+    delta = (out * g.double()).sum(-1).transpose(1, 2).float().contiguous()
+    dq = torch.full_like(q, math.nan)
+    hopper_ws.backward_dq_ws(q, k, v, g, lse, delta, dq, causal, kernel_module.LOG2E / math.sqrt(D), 1 / math.sqrt(D))
+    assert snr_db(dq, dq_want) >= snr_threshold(dtype_name(dtype)), snr_db(dq, dq_want)
 
 
 @pytest.mark.gpu

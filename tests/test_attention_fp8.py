@@ -303,6 +303,11 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
             ws = counts[f"attention-ws-d{d}-n{n}-s{stages}{causal}"]
             assert ws["wgmma"] > 0 and ws["mma_sync"] == 0 and ws["tma_loads"] > 0 and ws["spill_bytes"] == 0, ws
             assert ws["shared_bytes"] <= hopper_ws.shared_bytes(d, n, stages), ws
+    # Its dQ pass: wgmma only, K and V by TMA, no spills.
+    for d in hopper_ws.DQ_HEAD_DIMS:
+        for causal in ("", "-causal"):
+            dq = counts[f"attention-dq-ws-d{d}{causal}"]
+            assert dq["wgmma"] > 0 and dq["mma_sync"] == 0 and dq["tma_loads"] > 0 and dq["spill_bytes"] == 0, dq
 
 
 def test_the_fp8_campaign_preset_validates_and_tunes_the_fp8_forward():

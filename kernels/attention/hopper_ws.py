@@ -40,6 +40,7 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 query rows
 HALF_M = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(1.4426950408889634)
 HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
 
@@ -75,14 +76,22 @@ def _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
-                    seqlen_q, seqlen_k, heads_q, group,
-                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                    k_free, v_free, seqlen_q, seqlen_k, heads_q, group,
+                    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                    WITH_DO: gl.constexpr):
+    """The producer of both kernels: the tile's q rows (and with WITH_DO, dO's: the dQ pass) once, then its K
+    and V blocks through the ring."""
     b, h, kvh, m0, _n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
     q_row = b * seqlen_q + m0
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, h * HEAD_DIM], q_ready, q_smem.index(0))
-    _tma_load(q_desc, [q_row + HALF_M, h * HEAD_DIM], q_ready, q_smem.index(1))
+    if WITH_DO:
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+    else:
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        _tma_load(q_desc, [q_row + half * HALF_M, h * HEAD_DIM], q_ready, q_smem.index(half))
+        if WITH_DO:
+            _tma_load(do_desc, [q_row + half * HALF_M, h * HEAD_DIM], q_ready, do_smem.index(half))
     k_row = b * seqlen_k
     for j in range(n_blocks):
         s = j % STAGES
@@ -115,17 +124,26 @@ def _issue_pv(j, p_op, v_bufs, v_ready, acc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale, v_bufs, s_layout: gl.constexpr,
-                    o_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Block j's scores into the running max and sum: (P in the PV product's operand layout, the factor
-    that rescales the output so far, m_i, l_i). Blocks from n_full on are masked: keys past the sequence's
-    end, and right of the causal diagonal, get no weight."""
+def _mask_scores(j, scores, n_full, rows, diag, seqlen_k, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """Block j's scores, -inf where a key lies past the sequence's end or right of the causal diagonal
+    (blocks from n_full on; the others are returned as they are)."""
     if j >= n_full:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = gl.expand_dims(cols < seqlen_k, 0)
         if CAUSAL:
             visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag, 1))
         scores = gl.where(visible, scores, -float("inf"))
+    return scores
+
+
+@gluon.jit
+def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale, v_bufs, s_layout: gl.constexpr,
+                    o_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Block j's scores into the running max and sum: (P in the PV product's operand layout, the factor
+    that rescales the output so far, m_i, l_i). Blocks from n_full on are masked: keys past the sequence's
+    end, and right of the causal diagonal, get no weight."""
+    scores = _mask_scores(j, scores, n_full, rows, diag, seqlen_k, s_layout, BLOCK_N, CAUSAL)
     # The running max in scaled units: each score costs one FMA (scale, subtract the max) and one exp2.
     m_new = gl.maximum(m_i, gl.max(scores, axis=1) * qk_scale)
     p = gl.exp2(scores * qk_scale - gl.expand_dims(m_new, 1))
@@ -217,8 +235,9 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                               seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
                               stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
-                           seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_desc, q_smem, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                           k_free, v_free, seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
+                           False)),
     ], [4, 1], [232, 40])
 
 
@@ -248,24 +267,28 @@ def stages_for(head_dim: int) -> int:
     return 3 if shared_bytes(head_dim, key_block_for(head_dim), 3) <= SHARED_MEMORY_BYTES else 2
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
-              block_n: int | None = None, stages: int | None = None) -> bool:
-    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (defaults:
-    key_block_for, stages_for): see the module's docstring."""
-    block_n = block_n or key_block_for(q.shape[-1])
-    stages = stages or stages_for(q.shape[-1])
+def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool) -> bool:
+    """What every kernel here needs of a problem (q and k first among `tensors`): see the module's docstring."""
+    q, k = tensors[0], tensors[1]
     if packed or window is not None or interpreter_mode() or not q.is_cuda or q.dtype not in _GL_DTYPES:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    head_dim = q.shape[-1]
-    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim or block_n not in BLOCK_NS:
-        return False
-    if shared_bytes(head_dim, block_n, stages, q.element_size()) > SHARED_MEMORY_BYTES:
+    if q.shape[-1] not in HEAD_DIMS or any(t.shape[-1] != q.shape[-1] for t in tensors):
         return False
     if k.shape[1] == 0 or (causal and q.shape[1] > k.shape[1]):
         return False
-    return all(_rows_view(t) is not None for t in (q, k, v))
+    return all(_rows_view(t) is not None for t in tensors)
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
+              block_n: int | None = None, stages: int | None = None) -> bool:
+    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (defaults:
+    key_block_for, stages_for)."""
+    block_n = block_n or key_block_for(q.shape[-1])
+    stages = stages or stages_for(q.shape[-1])
+    return (block_n in BLOCK_NS and shared_bytes(q.shape[-1], block_n, stages, q.element_size()) <= SHARED_MEMORY_BYTES
+            and _serves((q, k, v), causal, window, packed))
 
 
 def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
@@ -291,5 +314,156 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
         _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
+    )
+
+
+# --- the backward's dQ pass ------------------------------------------------------------------------------------
+# The forward's pattern with dO beside q: a CTA owns 128 query rows (64 a consumer warpgroup, q and dO loaded
+# once), the producer streams K and V blocks, and each warpgroup keeps dQ in registers: per key block
+# S = Q K^T and dP = dO V^T from shared memory, P = exp2(S scale - LSE) and dS = P (dP - delta) in registers,
+# dQ += dS K with dS straight from registers. As in the forward, block j's S and dP are in flight with
+# block j-1's dQ product; K is released after its dQ product, V after its dP.
+
+DQ_KEY_BLOCK = 64
+DQ_STAGES = 3  # 176 KB at d128 with q, dO and the scratch
+DQ_HEAD_DIMS = (64, 128)
+
+
+@gluon.jit
+def _issue_s_dp(j, q, do, k_bufs, v_bufs, k_ready, v_ready, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):
+    """S = Q K^T and dP = dO V^T of key block j, issued (asynchronous) as their K and V land."""
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    mbarrier.wait(k_ready.index(s), phase)
+    scores = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(s), phase)
+    dp = warpgroup_mma(do, v_bufs.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    return scores, dp
+
+
+@gluon.jit
+def _ds(j, scores, dp, lse, delta, n_full, rows, diag, seqlen_k, qk_scale, k_bufs, s_layout: gl.constexpr,
+        dq_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """dS = P (dP - delta) of key block j, in the dQ product's operand layout; P recomputed from the LSE
+    (in log2 units), masked keys at 0."""
+    scores = _mask_scores(j, scores, n_full, rows, diag, seqlen_k, s_layout, BLOCK_N, CAUSAL)
+    p = gl.exp2(scores * qk_scale - gl.expand_dims(lse, 1))
+    ds = p * (dp - gl.expand_dims(delta, 1))
+    return gl.convert_layout(ds.to(k_bufs.dtype), gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
+
+
+@gluon.jit
+def _dq_partition(q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr, delta_ptr,
+                  dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb, stride_lh,
+                  stride_dqb, stride_dqs, stride_dqh,
+                  HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
+    diag = seqlen_k - seqlen_q
+    stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
+    # Rows past Sq read 0: their dQ rows are never stored.
+    lse = gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=0.0) * LOG2E
+    delta = gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0)
+    dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, dq_layout)
+    mbarrier.wait(q_ready, 0)
+    q = q_smem.index(HALF)
+    do = do_smem.index(HALF)
+    scores, dp = _issue_s_dp(0, q, do, k_bufs, v_bufs, k_ready, v_ready, s_layout, BLOCK_N, STAGES)
+    scores, dp = warpgroup_mma_wait(num_outstanding=0, deps=(scores, dp))
+    mbarrier.arrive(v_free.index(0), count=1)
+    ds_op = _ds(0, scores, dp, lse, delta, n_full, rows, diag, seqlen_k, qk_scale, k_bufs, s_layout, dq_layout,
+                BLOCK_N, CAUSAL)
+    for j in range(1, n_blocks):
+        scores, dp = _issue_s_dp(j, q, do, k_bufs, v_bufs, k_ready, v_ready, s_layout, BLOCK_N, STAGES)
+        dq = warpgroup_mma(ds_op, k_bufs.index((j - 1) % STAGES), dq, is_async=True)
+        scores, dp = warpgroup_mma_wait(num_outstanding=1, deps=(scores, dp))
+        mbarrier.arrive(v_free.index(j % STAGES), count=1)
+        ds_next = _ds(j, scores, dp, lse, delta, n_full, rows, diag, seqlen_k, qk_scale, k_bufs, s_layout, dq_layout,
+                      BLOCK_N, CAUSAL)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        mbarrier.arrive(k_free.index((j - 1) % STAGES), count=1)
+        ds_op = ds_next
+    dq = warpgroup_mma(ds_op, k_bufs.index((n_blocks - 1) % STAGES), dq, is_async=True)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    mbarrier.arrive(k_free.index((n_blocks - 1) % STAGES), count=1)
+    # 16-byte stores: each thread writes 8 consecutive elements of a row.
+    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
+                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
+    out_rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
+    dq_ptrs = (dq_ptr + b.to(gl.int64) * stride_dqb + h * stride_dqh
+               + gl.expand_dims(out_rows.to(gl.int64) * stride_dqs, 1) + gl.expand_dims(cols, 0))
+    gl.store(dq_ptrs, gl.convert_layout((dq * sm_scale).to(dq_ptr.dtype.element_ty), store_layout),
+             mask=gl.expand_dims(out_rows < seqlen_q, 1))
+
+
+@fast_launch
+@gluon.jit
+def _attention_bwd_dq_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, seqlen_q, seqlen_k,
+                                heads_q, group, qk_scale, sm_scale, stride_lb, stride_lh,
+                                stride_dqb, stride_dqs, stride_dqh,
+                                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                CAUSAL: gl.constexpr):
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, HALF_M, HEAD_DIM], do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_free.index(s), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_free.index(s), count=2)
+    gl.warp_specialize([
+        (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
+                         delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb,
+                         stride_lh, stride_dqb, stride_dqs, stride_dqh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+        (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
+                         delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb,
+                         stride_lh, stride_dqb, stride_dqs, stride_dqh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready,
+                           v_ready, k_free, v_free, seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES,
+                           CAUSAL, True)),
+    ], [4, 1], [232, 40])
+
+
+def supports_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, causal: bool,
+                window: int | None, packed: bool) -> bool:
+    """Whether backward_dq_ws runs the problem: the forward's conditions, at head dims 64 and 128."""
+    return q.shape[-1] in DQ_HEAD_DIMS and _serves((q, k, v, grad_out), causal, window, packed)
+
+
+def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                   delta: torch.Tensor, dq: torch.Tensor, causal: bool, qk_scale_log2: float, sm_scale: float,
+                   block_n: int = DQ_KEY_BLOCK, stages: int = DQ_STAGES) -> None:
+    """dQ into dq ([B, Sq, Hq, D], laid out as q) from the forward's natural-log LSE and delta = rowsum(dO * O)
+    ([B, Hq, Sq] fp32 each); the scores scaled as in forward_ws, sm_scale the softmax scale itself; grad_out
+    as q. Check `supports_dq` first."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    grid = (cdiv(Sq, BLOCK_M.value), B * Hq)
+    if grid[0] * grid[1] == 0:
+        return
+    bind_context(q.device)
+    _attention_bwd_dq_ws_kernel[grid](
+        _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
+        _descriptor(_rows_view(v), block_n, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
+        lse, delta, dq, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1),
+        dq.stride(0), dq.stride(1), dq.stride(2),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )

@@ -823,9 +823,11 @@ def backward_into(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
     shape: AttentionShape, causal: bool, scale: float, window: int | None, deterministic: bool = False,
+    dq_config: AttentionConfig | None = None,
 ) -> None:
     """Write the gradients of q, k and v into dq, dk and dv (shaped like q, k, v). `deterministic`: dQ in
-    its own pass even where the dK/dV bucket adds it atomically (the same bits run to run)."""
+    its own pass even where the dK/dV bucket adds it atomically (the same bits run to run). `dq_config`: the
+    dQ pass's config instead of the tuned table's (benchmarks pin one)."""
     common = _common(shape, causal, window)
     cu_q, cu_k = _cu(shape, q)
     scalars = (shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E, scale)
@@ -862,7 +864,10 @@ def backward_into(
     if cfg.DQ_ATOMIC:
         dq.copy_(dq_acc)
         return
-    cfg = config_for("bwd_q", shape.head_dim_qk, shape.head_dim_v)
+    cfg = dq_config or config_for("bwd_q", shape.head_dim_qk, shape.head_dim_v)
+    if cfg.WS and hopper_ws.supports_dq(q, k, v, grad_out, causal, window, shape.packed):
+        hopper_ws.backward_dq_ws(q, k, v, grad_out, lse, delta, dq, causal, scale * LOG2E, scale)
+        return
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] > 0:
         tma, views = _tma_views(cfg, shape, ((k, True, cfg.BLOCK_N), (v, False, cfg.BLOCK_N)))

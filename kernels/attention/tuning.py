@@ -5,10 +5,11 @@ A bucket is a pass (`fwd`, `fwd_fp8`: the FP8 forward, `bwd_kv`: dK/dV per K/V b
 Q block) and the padded head dim (the larger of the q/k and v head dims, rounded up to a power of two:
 MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass.
 TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (kernel.py's docstring;
-tensors without a [rows, heads x head dim] view fall back to pointers). WS, in the forward's buckets only,
-1: the forward runs on the warp-specialized Gluon kernel (hopper_ws.py: 128-row query blocks on two
-consumer warpgroups, 128 keys a stage, as many stages as fit) wherever it serves the problem; the
-bucket's other knobs are the Triton forward's, which runs the rest (packed, windowed, MLA problems). DQ_ATOMIC, in the dK/dV buckets
+tensors without a [rows, heads x head dim] view fall back to pointers). WS, in the forward's and the dQ
+buckets, 1: that pass runs on its warp-specialized Gluon kernel (hopper_ws.py: 128-row query blocks on
+two consumer warpgroups; the forward 128 keys a stage (64 at d256), the dQ pass 64) wherever it serves
+the problem; the bucket's other knobs are the Triton kernel's, which runs the rest (packed, windowed, MLA
+problems; dQ at d256). DQ_ATOMIC, in the dK/dV buckets
 only, 1: that pass also adds dQ atomically into an fp32 buffer and the dQ pass does not run (5 block
 matmuls per step of the backward instead of 7, at the cost of fp32 atomics and bit-exact repeats; the
 bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
@@ -48,9 +49,9 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "HEAD_DIM": 64},
     "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 128},
     "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 256},
-    "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64},
-    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128},
-    "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "HEAD_DIM": 256},
+    "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
+    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 128},
+    "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
     "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
     "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
     "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
@@ -58,7 +59,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
 # Knobs of one pass only, held by its buckets alone (the search never adds a knob to a bucket).
-PASS_KNOBS: dict[str, str] = {"DQ_ATOMIC": "bwd_kv", "WS": "fwd"}
+PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_q")}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
@@ -85,10 +86,10 @@ def bucket(pass_: str, head_dim_qk: int, head_dim_v: int) -> str:
 
 def config_for(pass_: str, head_dim_qk: int, head_dim_v: int) -> AttentionConfig:
     """The table's config of a pass at these head dims, refused if a knob lies outside the tunable space
-    (or is missing: every bucket holds every knob but those of one pass, PASS_KNOBS)."""
+    (or is missing: every bucket holds every knob but those of other passes, PASS_KNOBS)."""
     name = bucket(pass_, head_dim_qk, head_dim_v)
     cfg = TUNED_TABLE[name]
-    knobs = [knob for knob in TUNABLE_SPACE if PASS_KNOBS.get(knob, pass_) == pass_]
+    knobs = [knob for knob in TUNABLE_SPACE if pass_ in PASS_KNOBS.get(knob, (pass_,))]
     for knob in knobs:
         if cfg.get(knob) not in TUNABLE_SPACE[knob]:
             raise ValueError(f"tuned table {name}: {knob}={cfg.get(knob)} is outside the tunable space "
