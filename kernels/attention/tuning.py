@@ -50,7 +50,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 128},
     "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 256},
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
-    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 128},
+    "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
     "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
     "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
