@@ -1,4 +1,5 @@
-"""The attention forward on Hopper with warp specialization (Gluon), FlashAttention-3's division of labour.
+"""The attention forward and the backward's dQ pass on Hopper with warp specialization (Gluon), FlashAttention-3's
+division of labour.
 
 The Triton forward (kernel.py) runs every warp through the same loop: load a key block, QK^T, softmax,
 PV. Its tensor cores wait while the warps exponentiate, and its loads are issued by the same warps
@@ -8,7 +9,7 @@ that wait on them. Here the roles are split, as in FlashAttention-3 and kernels/
   on barriers of their own, so a block's QK^T starts before its V has landed), after loading the
   CTA's 128 query rows once;
 - two consumer warpgroups, each owning 64 of those rows, run QK^T (both operands from shared memory),
-  the online softmax in registers (base 2, the scale folded into one multiply), and PV with P straight
+  the online softmax in registers (base 2, the scale and the running max in one FMA), and PV with P straight
   from registers (wgmma's register A operand: P is never written to shared memory), then release the
   stage. They meet only at the stage barriers, so one warpgroup's softmax runs under the other's
   matmuls.
@@ -18,11 +19,14 @@ k and v, no sliding window, causal only with Sq <= Sk (every query then sees key
 block is empty), tensors TMA can read as [batch x sequence, heads x head dim]. Semantics, outputs and
 the LSE are the Triton forward's (kernel.py's docstring): the backward reads either. A K/V block past
 the sequence's end reads the next sequence's rows (or zeros past the tensor): those keys are masked.
-Gluon kernels do not run in the CPU interpreter; tests/test_attention.py compares this forward with the
-Triton one and float64 on the GPU.
+The dQ pass (below the forward) follows the same pattern with dO beside q; the dK/dV pass stays the
+Triton one. Gluon kernels do not run in the CPU interpreter: tests/test_attention.py checks these against
+float64 on the GPU, tests/hopper_compile.py compiles them for sm_90a anywhere.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from triton.experimental import gluon
@@ -39,18 +43,17 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 query rows
 HALF_M = gl.constexpr(64)
-LN2 = gl.constexpr(0.6931471805599453)
-LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(math.log(2.0))
+LOG2E = gl.constexpr(math.log2(math.e))
 HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def key_block_for(head_dim: int) -> int:
     """Keys a stage: 128 (1.13-1.18x the throughput of 64 keys at 3 or 4 stages at d128, H100,
     benchmarks/attention_ab.py), 64 at d256 (where two stages of 128 would not fit in shared memory)."""
     return 128 if head_dim <= 128 else 64
-
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 @gluon.jit
@@ -175,7 +178,7 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
     q = q_smem.index(HALF)
     # FlashAttention-3's schedule: block j's QK^T and block j-1's PV are in flight while block j's softmax
     # waits on the first only; the output is rescaled once the second has landed. (The two warpgroups
-    # taking turns to issue their matmuls, FA3's ping-pong, measured 0.90-1.04x of this: not kept.)
+    # taking turns to issue their matmuls, FA3's ping-pong, measured 0.95-1.02x of this: not kept.)
     scores = _issue_scores(0, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
     scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
     mbarrier.arrive(k_free.index(0), count=1)
@@ -325,9 +328,9 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
 # dQ += dS K with dS straight from registers. As in the forward, block j's S and dP are in flight with
 # block j-1's dQ product; K is released after its dQ product, V after its dP.
 
-DQ_KEY_BLOCK = 64
+DQ_KEY_BLOCK = 64  # 128-key blocks spill ~600 B a thread at d128 (S, dP and dQ live at once)
 DQ_STAGES = 3  # 176 KB at d128 with q, dO and the scratch
-DQ_HEAD_DIMS = (64, 128)
+DQ_HEAD_DIMS = (64, 128)  # d256: q and dO alone would take 128 KB
 
 
 @gluon.jit

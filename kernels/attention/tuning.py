@@ -21,7 +21,9 @@ d256) and, for the FP8 forward, the tiles that compile for sm_90a with the fewes
 on the H100 (2026-11-24, docs/performance.md "The attention table tuned on the H100"): dQ at d128 by the
 preset campaign (BLOCK_N 64, +5.2% step); the d256 forward and dQ (4 warps, TMA: +12.5%, +29.6%) and
 the d64 dK/dV pass (64x64, TMA, DQ_ATOMIC: +17.3%) by halving searches. TMA and DQ_ATOMIC stay off
-where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85-0.89x).
+where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85-0.89x). WS (2026-11-25,
+benchmarks/attention_ab.py): the forward on at every head dim (1.25-1.6x the Triton forward), the dQ pass
+at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 }
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
-# Knobs of one pass only, held by its buckets alone (the search never adds a knob to a bucket).
+# Knobs of some passes only, held by their buckets alone (the search never adds a knob to a bucket).
 PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_q")}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
