@@ -161,14 +161,17 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
+def _bf16_tile(rows: int, head_dim: int) -> str:
+    """The type of a host descriptor of [rows, head_dim] bf16 tiles, as hopper_ws builds them."""
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+    return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+
+
 def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
     """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16, as forward_ws launches
     it: wgmmas (QK^T from shared memory, PV with P from registers), registers, spills, shared memory."""
-    def descriptor(rows: int) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
-    types = {"q_desc": descriptor(64), "k_desc": descriptor(block_n), "v_desc": descriptor(block_n),
-             "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
+    types = {"q_desc": _bf16_tile(64, head_dim), "k_desc": _bf16_tile(block_n, head_dim),
+             "v_desc": _bf16_tile(block_n, head_dim), "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
     constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
     compiled = _compile(_attention_fwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
@@ -177,12 +180,9 @@ def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool)
 
 def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
     """The warp-specialized dQ pass (kernels/attention/hopper_ws.py) in bf16, as backward_dq_ws launches it."""
-    def descriptor(rows: int) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
-    types = {"q_desc": descriptor(64), "k_desc": descriptor(block_n), "v_desc": descriptor(block_n),
-             "do_desc": descriptor(64), "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16",
-             "qk_scale": "fp32", "sm_scale": "fp32"}
+    types = {"q_desc": _bf16_tile(64, head_dim), "k_desc": _bf16_tile(block_n, head_dim),
+             "v_desc": _bf16_tile(block_n, head_dim), "do_desc": _bf16_tile(64, head_dim), "lse_ptr": "*fp32",
+             "delta_ptr": "*fp32", "dq_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
     constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
     compiled = _compile(_attention_bwd_dq_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]

@@ -157,6 +157,21 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
 
 
 @gluon.jit
+def _store_rows(ptr, tile, b, h, first_row, seqlen, stride_b, stride_s, stride_h, HEAD_DIM: gl.constexpr):
+    """A consumer's [64, HEAD_DIM] fp32 tile into rows first_row.. of head h of batch b of a [B, S, H, D]
+    tensor (D contiguous), in its dtype; rows at or past `seqlen` are dropped. 16-byte stores: each thread
+    writes 8 consecutive elements of a row."""
+    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
+                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
+    rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
+    ptrs = (ptr + b.to(gl.int64) * stride_b + h * stride_h + gl.expand_dims(rows.to(gl.int64) * stride_s, 1)
+            + gl.expand_dims(cols, 0))
+    tile = gl.convert_layout(tile.to(ptr.dtype.element_ty), store_layout)
+    gl.store(ptrs, tile, mask=gl.expand_dims(rows < seqlen, 1))
+
+
+@gluon.jit
 def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                        seqlen_q, seqlen_k, heads_q, group, qk_scale,
                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
@@ -197,16 +212,8 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
     acc = _issue_pv(n_blocks - 1, p_op, v_bufs, v_ready, acc, STAGES)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_free.index((n_blocks - 1) % STAGES), count=1)
-    # 16-byte stores: each thread writes 8 consecutive elements of a row.
-    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
-                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
     out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
-    out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), store_layout)
-    out_rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
-    o_ptrs = (o_ptr + b.to(gl.int64) * stride_ob + h * stride_oh + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
-              + gl.expand_dims(cols, 0))
-    gl.store(o_ptrs, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    _store_rows(o_ptr, out, b, h, m0 + HALF * HALF_M, seqlen_q, stride_ob, stride_os, stride_oh, HEAD_DIM)
     lse = (m_i + gl.log2(l_i)) * LN2
     gl.store(lse_ptr + b.to(gl.int64) * stride_lb + h * stride_lh + rows, lse, mask=rows < seqlen_q)
 
@@ -337,12 +344,9 @@ DQ_HEAD_DIMS = (64, 128)  # d256: q and dO alone would take 128 KB
 def _issue_s_dp(j, q, do, k_bufs, v_bufs, k_ready, v_ready, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr):
     """S = Q K^T and dP = dO V^T of key block j, issued (asynchronous) as their K and V land."""
+    scores = _issue_scores(j, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
     s = j % STAGES
-    phase = (j // STAGES) & 1
-    mbarrier.wait(k_ready.index(s), phase)
-    scores = warpgroup_mma(q, k_bufs.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
-                           use_acc=False, is_async=True)
-    mbarrier.wait(v_ready.index(s), phase)
+    mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
     dp = warpgroup_mma(do, v_bufs.index(s).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
                        use_acc=False, is_async=True)
     return scores, dp
@@ -399,15 +403,8 @@ def _dq_partition(q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_
     dq = warpgroup_mma(ds_op, k_bufs.index((n_blocks - 1) % STAGES), dq, is_async=True)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
     mbarrier.arrive(k_free.index((n_blocks - 1) % STAGES), count=1)
-    # 16-byte stores: each thread writes 8 consecutive elements of a row.
-    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
-                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
-    out_rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
-    dq_ptrs = (dq_ptr + b.to(gl.int64) * stride_dqb + h * stride_dqh
-               + gl.expand_dims(out_rows.to(gl.int64) * stride_dqs, 1) + gl.expand_dims(cols, 0))
-    gl.store(dq_ptrs, gl.convert_layout((dq * sm_scale).to(dq_ptr.dtype.element_ty), store_layout),
-             mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    _store_rows(dq_ptr, dq * sm_scale, b, h, m0 + HALF * HALF_M, seqlen_q, stride_dqb, stride_dqs, stride_dqh,
+                HEAD_DIM)
 
 
 @fast_launch
