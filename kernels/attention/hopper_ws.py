@@ -218,13 +218,10 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
     gl.store(lse_ptr + b.to(gl.int64) * stride_lb + h * stride_lh + rows, lse, mask=rows < seqlen_q)
 
 
-@fast_launch
 @gluon.jit
-def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale,
-                             stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                             CAUSAL: gl.constexpr):
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+def _kv_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Both kernels' shared state: the K and V ring, the q tile's barrier, and each stage's ready and free
+    barriers (K and V apart; a free barrier takes one arrival per consumer warpgroup)."""
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -236,8 +233,19 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_free.index(s), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(k_free.index(s), count=2)
         mbarrier.init(v_free.index(s), count=2)
+    return k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free
+
+
+@fast_launch
+@gluon.jit
+def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                             stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                             CAUSAL: gl.constexpr):
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+    k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free = _kv_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                               seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
@@ -416,19 +424,7 @@ def _attention_bwd_dq_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_
                                 CAUSAL: gl.constexpr):
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, HALF_M, HEAD_DIM], do_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_free.index(s), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_free.index(s), count=2)
+    k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free = _kv_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
                          delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb,
