@@ -56,6 +56,12 @@ def key_block_for(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 64
 
 
+@gluon.constexpr_function
+def _warpgroup_acc(width):
+    """The register layout of one warpgroup's [64, width] wgmma accumulator (bf16/fp16 operands)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, width, 16])
+
+
 @gluon.jit
 def _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """The CTA's query block and (batch, q head, kv head), and its key blocks: [0, n_full) with every key
@@ -177,10 +183,8 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free
                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                        HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _warpgroup_acc(BLOCK_N)
+    o_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
     rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
@@ -377,10 +381,8 @@ def _dq_partition(q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_
                   stride_dqb, stride_dqs, stride_dqh,
                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _warpgroup_acc(BLOCK_N)
+    dq_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
     rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
