@@ -133,43 +133,32 @@ def _quantize_rows_kernel(
     x_ptr, q_ptr, scale_ptr, amax_ptr,
     R, C, stride_xr, stride_qr, SEGMENT_ROWS,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
-    MODE: tl.constexpr,  # 0 tensorwise (amax per segment given), 1 rowwise, 2 blockwise 1x128
+    MODE: tl.constexpr,  # 0 tensorwise (amax per segment given), 1 rowwise, 2 a scale per row and BLOCK_C columns
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    WHOLE_ROWS: tl.constexpr,  # rowwise, BLOCK_C >= C: each row read once, its amax and cast from registers
 ):
+    """MODE 2 is blockwise 1x128 at BLOCK_C 128, and rowwise read once at BLOCK_C >= C (one block a row)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < R
-    if WHOLE_ROWS:
-        cols = tl.arange(0, BLOCK_C)
-        mask = row_mask[:, None] & (cols[None, :] < C)
-        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
-        tl.store(scale_ptr + rows, scale, mask=row_mask)
-        q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-        tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
-    else:
-        if MODE == 0:
-            amax = tl.load(amax_ptr + rows // SEGMENT_ROWS, mask=row_mask, other=1.0)
-            scale = tl.maximum(amax, EPS) / FP8_MAX
-        elif MODE == 1:
-            amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
-            for c0 in range(0, C, BLOCK_C):
-                cols = c0 + tl.arange(0, BLOCK_C)
-                mask = row_mask[:, None] & (cols[None, :] < C)
-                x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask)
-                amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-            scale = tl.maximum(amax, EPS) / FP8_MAX
-            tl.store(scale_ptr + rows, scale, mask=row_mask)
+    if MODE == 0:
+        amax = tl.load(amax_ptr + rows // SEGMENT_ROWS, mask=row_mask, other=1.0)
+        scale = tl.maximum(amax, EPS) / FP8_MAX
+    elif MODE == 1:
+        amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)
-            mask = row_mask[:, None] & (cols[None, :] < C)
-            x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask).to(tl.float32)
-            if MODE == 2:  # BLOCK_C == 128: one scale per row per block
-                scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
-                tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + c0 // BLOCK_C, scale, mask=row_mask)
-            q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-            tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
-
+            x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < C))
+            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        scale = tl.maximum(amax, EPS) / FP8_MAX
+        tl.store(scale_ptr + rows, scale, mask=row_mask)
+    for c0 in range(0, C, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        mask = row_mask[:, None] & (cols[None, :] < C)
+        x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask).to(tl.float32)
+        if MODE == 2:  # one scale per row per block
+            scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
+            tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + c0 // BLOCK_C, scale, mask=row_mask)
+        q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
 def _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS: tl.constexpr,
@@ -410,14 +399,14 @@ def quantize_rows(
     else:
         scale, mode = torch.empty((R, cdiv(C, BLOCK)), dtype=torch.float32, device=x.device), 2
     if R and C:
-        # A rowwise row up to WHOLE_ROW_MAX wide is read once: with 32 rows a program looping over the
-        # columns twice (amax, then cast), the second read came from HBM again.
+        # A rowwise row up to WHOLE_ROW_MAX wide is read once, as one block of MODE 2: with 32 rows a
+        # program looping over the columns twice (amax, then cast), the second read came from HBM again.
         whole_rows = mode == 1 and C <= WHOLE_ROW_MAX
         block_c = triton.next_power_of_2(C) if whole_rows else BLOCK
         block_r = max(1, WHOLE_ROW_MAX // 2 // block_c) if whole_rows else 32  # up to 8192 values a program
         _quantize_rows_kernel[(cdiv(R, block_r),)](
             x, q, scale, amax if amax is not None else scale, R, C, x.stride(0), q.stride(0), segment_rows or 1,
-            **fmt, EPS=AMAX_EPS, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c, WHOLE_ROWS=whole_rows,
+            **fmt, EPS=AMAX_EPS, MODE=2 if whole_rows else mode, BLOCK_R=block_r, BLOCK_C=block_c,
             num_warps=8 if whole_rows else 4,
         )
     return q, scale
