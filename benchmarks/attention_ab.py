@@ -6,8 +6,9 @@ all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4
 causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward variants: the
 Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized Gluon one
 (kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`. Backward (`--pass bwd`): our
-whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where it serves the shape, on
-the warp-specialized one; SDPA's from its own forward's graph. For GQA, SDPA gets k and v repeated to the q
+whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they serve the shape, on
+the warp-specialized one (`ws dq`) and as the fused warp-specialized backward (`ws fused`); SDPA's from its
+own forward's graph. For GQA, SDPA gets k and v repeated to the q
 heads outside its timing.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
@@ -51,12 +52,15 @@ def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[t
     if backward:
         forward_into(q, k, v, out, lse, shape, causal, scale, None)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for name, ws_on in (("triton dq", 0), ("ws dq", 1)):
-            if ws_on and not hopper_ws.supports_dq(q, k, v, grad, causal, None, False):
+        serves = {"ws dq": hopper_ws.supports_dq(q, k, v, grad, causal, None, False),
+                  "ws fused": hopper_ws.supports_backward(q, k, v, grad, causal, None, False)}
+        for name, kv_ws, dq_ws in (("triton dq", 0, 0), ("ws dq", 0, 1), ("ws fused", 1, 0)):
+            if not serves.get(name, True):
                 continue
-            cfg = dataclasses.replace(config_for("bwd_q", D, D), WS=ws_on)
-            found[name] = lambda c=cfg: backward_into(grad, q, k, v, out, lse, dq, dk, dv, shape, causal, scale, None,
-                                                      dq_config=c)
+            kv_cfg = dataclasses.replace(config_for("bwd_kv", D, D), WS=kv_ws)
+            dq_cfg = dataclasses.replace(config_for("bwd_q", D, D), WS=dq_ws)
+            found[name] = lambda kc=kv_cfg, qc=dq_cfg: backward_into(
+                grad, q, k, v, out, lse, dq, dk, dv, shape, causal, scale, None, kv_config=kc, dq_config=qc)
     else:
         triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
         found["triton"] = lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)

@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from kernels.attention.hopper_ws import _attention_bwd_dq_ws_kernel, _attention_fwd_ws_kernel
+from kernels.attention.hopper_ws import _attention_bwd_dq_ws_kernel, _attention_bwd_ws_kernel, _attention_fwd_ws_kernel
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
     _bwd_dkdv_kernel,
@@ -161,10 +161,11 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
-def _bf16_tile(rows: int, head_dim: int) -> str:
-    """The type of a host descriptor of [rows, head_dim] bf16 tiles, as hopper_ws builds them."""
-    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-    return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+def _bf16_tile(rows: int, head_dim: int, element: str = "bf16") -> str:
+    """The type of a host descriptor of [rows, head_dim] tiles (bf16, or fp32: the fused backward's dQ), as
+    hopper_ws builds them."""
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], {"bf16": gl.bfloat16, "fp32": gl.float32}[element])
+    return f"tensordesc<{element}[{rows}, {head_dim}],{layout!r}>"
 
 
 def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
@@ -189,6 +190,20 @@ def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bo
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
+def compile_attention_bwd_ws(head_dim: int, causal: bool) -> dict[str, int]:
+    """The warp-specialized fused backward (kernels/attention/hopper_ws.py) in bf16, as backward_ws launches it:
+    wgmmas, TMA reductions of dQ, registers, spills, shared memory."""
+    types = {"q_desc": _bf16_tile(64, head_dim), "k_desc": _bf16_tile(128, head_dim),
+             "v_desc": _bf16_tile(128, head_dim), "do_desc": _bf16_tile(64, head_dim),
+             "dq_desc": _bf16_tile(64, head_dim // 2, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+             "dk_ptr": "*bf16", "dv_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
+    constants = {"HEAD_DIM": head_dim, "STAGES": 2, "CAUSAL": causal}
+    compiled = _compile(_attention_bwd_ws_kernel, types, constants)
+    ptx = compiled.asm["ptx"]
+    return (_instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared,
+                                                       "tma_reduce": ptx.count("cp.reduce.async.bulk.tensor")})
+
+
 if __name__ == "__main__":
     found = {f"fp8-d{d}{'-tma' if tma else ''}": compile_forward(True, d, tma) for d in (64, 128, 256)
              for tma in (False, True)}
@@ -209,5 +224,7 @@ if __name__ == "__main__":
               compile_attention_ws(d, n, stages, causal)
               for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)) for causal in (False, True)}
     found |= {f"attention-dq-ws-d{d}{'-causal' if causal else ''}": compile_attention_dq_ws(d, 64, 3, causal)
+              for d in (64, 128) for causal in (False, True)}
+    found |= {f"attention-bwd-ws-d{d}{'-causal' if causal else ''}": compile_attention_bwd_ws(d, causal)
               for d in (64, 128) for causal in (False, True)}
     print(json.dumps(found))

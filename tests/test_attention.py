@@ -487,13 +487,14 @@ def test_bf16_on_gpu(case):
 
 
 def test_warp_specialized_knob(device):
-    """WS, a knob of the forward's and the dQ pass's buckets (not dK/dV's): `fits` keeps it to the head dims
+    """WS, a knob of every pass's buckets (dK/dV's: the fused backward): `fits` keeps it to the head dims
     the Gluon kernels serve; where they cannot run (the interpreter, packed problems, a window, Sq > Sk
     causal, MLA) the pass is the Triton one."""
-    assert {config_for("fwd", 128, 128).WS, config_for("bwd_q", 128, 128).WS} <= {0, 1}
-    assert "WS" not in TUNED_TABLE["bwd_kv-d128"]
+    assert {config_for(p, 128, 128).WS for p in ("fwd", "bwd_kv", "bwd_q")} <= {0, 1}
     assert all(fits(dict(TUNED_TABLE[f"fwd-d{d}"], WS=1)) for d in (64, 128, 256))
     assert not fits(dict(TUNED_TABLE["fwd-d128"], WS=1, HEAD_DIM=192))
+    assert fits(dict(TUNED_TABLE["bwd_kv-d128"], WS=1))
+    assert not fits(dict(TUNED_TABLE["bwd_kv-d256"], WS=1))  # dK and dV of 64 keys x 256 in registers
     # 128 keys a stage, 64 at d256: two stages at d128 (three would take 245 KB) and d256, three at d64
     assert [hopper_ws.stages_for(d) for d in (64, 128, 256)] == [3, 2, 2]
     q, k, v, _ = make(1, 70, 70, 2, 2, 128, 128, torch.float16, device)
@@ -506,6 +507,9 @@ def test_warp_specialized_knob(device):
     assert hopper_ws.supports_dq(q, k, v, q, True, None, False) == runs_here
     q256 = torch.zeros(1, 64, 2, 256, device=device, dtype=torch.float16)
     assert not hopper_ws.supports_dq(q256, q256, q256, q256, False, None, False)  # dQ at d256: the Triton pass
+    assert hopper_ws.supports_backward(q, k, v, q, True, None, False) == runs_here
+    assert not hopper_ws.supports_backward(q256, q256, q256, q256, False, None, False)
+    assert not hopper_ws.supports_backward(q, k, v, q, True, 16, False)  # a window
     assert not hopper_ws.supported(q, k, v, False, None, False, 128, 3)  # 245 KB of shared memory
 
 
@@ -566,6 +570,32 @@ def test_warp_specialized_dq_on_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    (2, 1000, 1000, 8, 2, 128, False, torch.bfloat16),
+    (2, 1000, 1000, 8, 2, 128, True, torch.bfloat16),
+    (1, 777, 1500, 4, 4, 128, True, torch.float16),
+    (2, 300, 300, 4, 1, 64, True, torch.bfloat16),
+    (1, 64, 2000, 2, 2, 64, False, torch.float16),
+    (3, 130, 130, 2, 2, 128, False, torch.bfloat16),
+], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16",
+        "b3-s130-d128"])
+def test_warp_specialized_backward_on_gpu(case):
+    """hopper_ws's fused backward against float64 into poisoned buffers, from the float64 LSE and delta:
+    partial query and key blocks (their rows reading the next sequence's), GQA and MQA (dK, dV summed over
+    the group), causal with Sq < Sk."""
+    B, Sq, Sk, Hq, Hkv, D, causal, dtype = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, dtype, "cuda")
+    assert hopper_ws.supports_backward(q, k, v, g, causal, None, False)
+    out, *want = reference(q, k, v, g, causal)
+    lse = reference_lse(q, k, causal).float()
+    delta = (out * g.double()).sum(-1).transpose(1, 2).float().contiguous()
+    got = [torch.full_like(t, math.nan) for t in (q, k, v)]
+    hopper_ws.backward_ws(q, k, v, g, lse, delta, *got, causal, kernel_module.LOG2E / math.sqrt(D), 1 / math.sqrt(D))
+    for name, have, ref in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert snr_db(have, ref) >= snr_threshold(dtype_name(dtype)), (name, snr_db(have, ref))
+
+
+@pytest.mark.gpu
 def test_varlen_bf16_on_gpu():
     lens = (0, 1, 1000, 37, 2500)
     q, k, v, g, cu, _ = packed(lens, lens, 8, 2, 128, 128, torch.bfloat16, "cuda")
@@ -576,10 +606,13 @@ def test_varlen_bf16_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("packed_step", [False, True], ids=["dense", "packed"])
-def test_causal_gqa_step_under_cuda_graph_replay_equals_eager(packed_step):
+@pytest.mark.parametrize(("packed_step", "deterministic"), [(False, False), (False, True), (True, False)],
+                         ids=["dense", "dense-deterministic", "packed"])
+def test_causal_gqa_step_under_cuda_graph_replay_equals_eager(packed_step, deterministic):
     """fwd + bwd captured once, replayed on new values: what eager mode computes, and right. The packed step
-    reads cu_seqlens on the device only (a host read would fail the capture)."""
+    reads cu_seqlens on the device only (a host read would fail the capture). Where dQ is summed across key
+    blocks by fp32 reductions (the fused backward on Hopper) its last bits follow the order they land in:
+    equal only to rounding there, bit for bit with `deterministic`."""
     lens = (300, 0, 1, 700)
     if packed_step:
         q, k, v, g, cu, _ = packed(lens, lens, 8, 2, 128, 128, torch.bfloat16, "cuda")
@@ -592,12 +625,16 @@ def test_causal_gqa_step_under_cuda_graph_replay_equals_eager(packed_step):
         if packed_step:
             out = attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
         else:
-            out = attention(q, k, v, causal=True)
+            out = attention(q, k, v, causal=True, deterministic=deterministic)
         out.backward(g)
         return out, q.grad, k.grad, v.grad
 
     replayed, eager = replay_and_eager(step, (q, k, v))
     want = packed_reference(q, k, v, g, lens, lens, True, None) if packed_step else reference(q, k, v, g, True)
-    for got, eager_t in zip(replayed, eager, strict=True):
-        assert torch.equal(got, eager_t)
+    fused = not (packed_step or deterministic) and hopper_ws.supports_backward(q, k, v, g, True, None, False)
+    for name, got, eager_t in zip(("out", "dq", "dk", "dv"), replayed, eager, strict=True):
+        if name == "dq" and fused:
+            assert snr_db(got, eager_t.double()) >= 40.0
+        else:
+            assert torch.equal(got, eager_t), name
     assert_close(replayed, want, torch.bfloat16)

@@ -1,5 +1,5 @@
-"""The attention forward and the backward's dQ pass on Hopper with warp specialization (Gluon), FlashAttention-3's
-division of labour.
+"""The attention forward and backward on Hopper with warp specialization (Gluon), FlashAttention-3's division of
+labour.
 
 The Triton forward (kernel.py) runs every warp through the same loop: load a key block, QK^T, softmax,
 PV. Its tensor cores wait while the warps exponentiate, and its loads are issued by the same warps
@@ -19,9 +19,11 @@ k and v, no sliding window, causal only with Sq <= Sk (every query then sees key
 block is empty), tensors TMA can read as [batch x sequence, heads x head dim]. Semantics, outputs and
 the LSE are the Triton forward's (kernel.py's docstring): the backward reads either. A K/V block past
 the sequence's end reads the next sequence's rows (or zeros past the tensor): those keys are masked.
-The dQ pass (below the forward) follows the same pattern with dO beside q; the dK/dV pass stays the
-Triton one. Gluon kernels do not run in the CPU interpreter: tests/test_attention.py checks these against
-float64 on the GPU, tests/hopper_compile.py compiles them for sm_90a anywhere.
+The dQ pass (below the forward) follows the same pattern with dO beside q; the fused backward (below it: dK,
+dV and dQ in one pass, the tuned table's dK/dV buckets) turns it around, a CTA owning keys and streaming
+queries, with the same conditions at head dims 64 and 128. Gluon kernels do not run in the CPU interpreter:
+tests/test_attention.py checks these against float64 on the GPU, tests/hopper_compile.py compiles them for
+sm_90a anywhere.
 """
 
 from __future__ import annotations
@@ -29,9 +31,17 @@ from __future__ import annotations
 import math
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode
@@ -48,6 +58,7 @@ LOG2E = gl.constexpr(math.log2(math.e))
 HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_TMA_DTYPES = _GL_DTYPES | {torch.float32: gl.float32}  # the fused backward's dQ is summed in fp32
 
 
 def key_block_for(head_dim: int) -> int:
@@ -315,7 +326,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, w
 
 def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
     block = [rows, head_dim]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[view.dtype])
+    layout = gl.NVMMASharedLayout.get_default_for(block, _TMA_DTYPES[view.dtype])
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
@@ -465,3 +476,235 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
         dq.stride(0), dq.stride(1), dq.stride(2),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
+
+
+# --- the fused backward -----------------------------------------------------------------------------------------
+# FlashAttention-3's backward: a CTA owns 128 keys of one kv head (K and V loaded once, 64 keys a consumer
+# warpgroup, dK and dV in its registers) and walks every query block of 64 rows of every q head of its group,
+# streamed by the producer with its dO. Per block each warpgroup computes its keys' S^T = K Q^T and dP^T = V dO^T,
+# P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q with both straight from registers; dS^T also goes to
+# shared memory, where, once both warpgroups' halves have landed, each multiplies all 128 keys' dS by half of K's
+# columns: its half of the block's dQ share, staged in shared memory and added into an fp32 dQ by a TMA
+# reduction that a warp of its own issues. Five block matmuls where the two-pass backward (the Triton dK/dV pass
+# and the dQ pass) computes seven: S and dP once, not twice. dV's product is issued as soon as P is, and runs
+# while dS is computed. At d128 (dK, dV and a step's S^T and dP^T live at once) ptxas spills 120 bytes a thread,
+# 448 causal (Triton 3.6, sm_90a); at d64 none.
+
+BWD_KEY_BLOCK = gl.constexpr(128)  # keys a CTA: 64 a consumer warpgroup
+BWD_STAGES = 2  # q and dO blocks in flight: 208 KB at d128 with K, V, dS, dQ's staging and the scratch
+BWD_HEAD_DIMS = (64, 128)  # d256: dK and dV alone would take 256 registers a thread
+
+
+@builtin
+def _tma_reduce_add_v36(tensor_desc, coord, src, _semantic=None):
+    """tma.async_atomic_add (Triton 3.7 on) for Triton 3.6, whose Gluon has the builder's op but not its name."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_v36
+
+
+@gluon.jit
+def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL: gl.constexpr):
+    """The CTA's key block and (batch, kv head), and its walk: query blocks [m_first, m_blocks) of each of the
+    group's q heads (causal: from the first block whose last row sees the block's first key). A head's key
+    blocks are launched side by side, sharing its q and dO in L2 (the heads side by side instead, causal walks
+    longest first: 0.93x non-causal, 0.88x at d64, 1.08x on llama3-8b; H100)."""
+    n0 = gl.program_id(0) * BWD_KEY_BLOCK
+    bh = gl.program_id(1)
+    b = bh // heads_kv
+    kvh = bh % heads_kv
+    m_blocks = gl.cdiv(seqlen_q, HALF_M)
+    # causal: row i sees keys j <= i + Sk - Sq
+    m_first = gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // HALF_M if CAUSAL else 0
+    return b, kvh, n0, m_first, (m_blocks - m_first) * group
+
+
+@gluon.jit
+def _bwd_step(t, m_first, kvh, group, steps_per_head):
+    """Step t of the walk: (q head, first query row)."""
+    return kvh * group + t // steps_per_head, (m_first + t % steps_per_head) * HALF_M
+
+
+@gluon.jit
+def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, qdo_ready,
+                        qdo_free, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring."""
+    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_smem)
+    _tma_load(v_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, v_smem)
+    steps_per_head = steps // group
+    for t in range(steps):
+        s = t % STAGES
+        h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+        mbarrier.wait(qdo_free.index(s), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(qdo_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        _tma_load(q_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), q_bufs.index(s))
+        _tma_load(do_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), do_bufs.index(s))
+
+
+@gluon.jit
+def _bwd_reduce_partition(dq_desc, dq_smem, dq_full, dq_empty, seqlen_q, seqlen_k, heads_kv, group,
+                          HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr):
+    """dQ's reducer: each step's two halves of dQ's share, staged by the consumers, added into the fp32 dQ by
+    TMA reductions; a half's staging tile is released once the reduction has read it."""
+    b, kvh, _n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
+    steps_per_head = steps // group
+    for t in range(steps):
+        h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+        for half in gl.static_range(2):
+            mbarrier.wait(dq_full.index(half), t & 1)
+            _tma_reduce_add(dq_desc, [b * seqlen_q + m0, h * HEAD_DIM + half * (HEAD_DIM // 2)], dq_smem.index(half))
+        tma.store_wait(0)
+        for half in gl.static_range(2):
+            mbarrier.arrive(dq_empty.index(half), count=1)
+
+
+@gluon.jit
+def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, qdo_ready, qdo_free, ds_ready,
+                   dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                   qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                   stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+    st_layout: gl.constexpr = _warpgroup_acc(HALF_M)  # S^T, dP^T: [64 keys, 64 query rows]
+    kv_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)  # dK, dV: [64 keys, head dim]
+    dq_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM // 2)  # a half of dQ's columns: [64 query rows, D / 2]
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
+    key0 = n0 + HALF * HALF_M
+    keys = key0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, st_layout))
+    diag = seqlen_k - seqlen_q
+    k_rows = k_smem.slice(HALF * HALF_M, HALF_M)
+    v_rows = v_smem.slice(HALF * HALF_M, HALF_M)
+    k_cols = k_smem.slice(HALF * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
+    dk = gl.zeros([HALF_M, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([HALF_M, HEAD_DIM], gl.float32, kv_layout)
+    steps_per_head = steps // group
+    mbarrier.wait(kv_ready, 0)
+    for t in range(steps):
+        s = t % STAGES
+        h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+        mbarrier.wait(qdo_ready.index(s), (t // STAGES) & 1)
+        q = q_bufs.index(s)
+        do = do_bufs.index(s)
+        zeros = gl.zeros([HALF_M, HALF_M], gl.float32, st_layout)
+        st = warpgroup_mma(k_rows, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_rows, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        rows = m0 + gl.arange(0, HALF_M, layout=row_layout)
+        stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
+        # Rows past Sq get an infinite LSE: P = 0 there, so they add nothing to dK, dV or (through dS) to dQ.
+        lse = gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
+        delta = gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        # One branch for both masks (a branch each, or the causal mask on every step: 0.75-0.95x causal).
+        if key0 + HALF_M > seqlen_k or (CAUSAL and m0 + diag < key0 + HALF_M - 1):
+            visible = gl.expand_dims(keys < seqlen_k, 1)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + diag, 0))
+            st = gl.where(visible, st, -float("inf"))
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+        # dV's product runs while dS is computed.
+        dv = warpgroup_mma(gl.convert_layout(pt.to(k_smem.dtype), op_layout), do, dv, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))
+        # dS carries the softmax scale: dK = dS^T Q and dQ = dS K come out scaled.
+        dst = (pt * (dpt - gl.expand_dims(delta, 0)) * sm_scale).to(k_smem.dtype)
+        ds = ds_bufs.index(t % 2)
+        ds.slice(HALF * HALF_M, HALF_M).store(dst)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready, count=1)
+        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
+        # Both halves of dS (the other warpgroup's keys too) in shared memory: this half of dQ's columns.
+        mbarrier.wait(ds_ready, t & 1)
+        dq = warpgroup_mma(ds.permute((1, 0)), k_cols, gl.zeros([HALF_M, HEAD_DIM // 2], gl.float32, dq_layout),
+                           use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+        mbarrier.arrive(qdo_free.index(s), count=1)
+        mbarrier.wait(dq_empty.index(HALF), (t & 1) ^ 1)  # the reducer has read the previous step's
+        dq_smem.index(HALF).store(dq)
+        fence_async_shared()
+        mbarrier.arrive(dq_full.index(HALF), count=1)
+    _store_rows(dk_ptr, dk, b, kvh, key0, seqlen_k, stride_dkb, stride_dks, stride_dkh, HEAD_DIM)
+    _store_rows(dv_ptr, dv, b, kvh, key0, seqlen_k, stride_dvb, stride_dvs, stride_dvh, HEAD_DIM)
+
+
+@fast_launch
+@gluon.jit
+def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                             seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_lb, stride_lh,
+                             stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BWD_KEY_BLOCK, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BWD_KEY_BLOCK, HEAD_DIM], v_desc.layout)
+    # dS^T of a step, both warpgroups' keys; two, so that a warpgroup writes the next step's while the other
+    # may still read this one's.
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BWD_KEY_BLOCK, HALF_M],
+                                        gl.NVMMASharedLayout.get_default_for([BWD_KEY_BLOCK, HALF_M], dtype))
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, HALF_M, HEAD_DIM // 2], dq_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(ds_ready, count=2)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(s), count=1)
+        mbarrier.init(qdo_free.index(s), count=2)
+    for half in gl.static_range(2):
+        mbarrier.init(dq_full.index(half), count=1)
+        mbarrier.init(dq_empty.index(half), count=1)
+    gl.warp_specialize([
+        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, qdo_ready, qdo_free, ds_ready,
+                          dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                          qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                          stride_dvs, stride_dvh, 0, HEAD_DIM, STAGES, CAUSAL)),
+        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, qdo_ready, qdo_free, ds_ready,
+                          dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                          qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                          stride_dvs, stride_dvh, 1, HEAD_DIM, STAGES, CAUSAL)),
+        (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, qdo_ready,
+                               qdo_free, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM, STAGES, CAUSAL)),
+        (_bwd_reduce_partition, (dq_desc, dq_smem, dq_full, dq_empty, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM,
+                                 CAUSAL)),
+    ], [4, 1, 1], [240, 24, 24])
+
+
+def supports_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, causal: bool,
+                      window: int | None, packed: bool) -> bool:
+    """Whether backward_ws runs the problem: the forward's conditions, at head dims 64 and 128."""
+    return q.shape[-1] in BWD_HEAD_DIMS and _serves((q, k, v, grad_out), causal, window, packed)
+
+
+def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                delta: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool,
+                qk_scale_log2: float, sm_scale: float) -> None:
+    """dQ, dK and dV into dq, dk and dv (laid out as q, k and v) in one pass, from the forward's natural-log LSE
+    and delta = rowsum(dO * O) ([B, Hq, Sq] fp32 each); the scores scaled as in forward_ws, sm_scale the
+    softmax scale itself. dQ is summed over the key blocks in fp32 (TMA reductions into a zeroed buffer, then
+    cast): its bits may differ run to run. Check `supports_backward` first."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    grid = (cdiv(Sk, BWD_KEY_BLOCK.value), B * Hkv)
+    if Sq == 0:  # no query: no gradient
+        dk.zero_()
+        dv.zero_()
+        return
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    if grid[0] * grid[1] > 0:
+        bind_context(q.device)
+        _attention_bwd_ws_kernel[grid](
+            _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), BWD_KEY_BLOCK.value, D),
+            _descriptor(_rows_view(v), BWD_KEY_BLOCK.value, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
+            _descriptor(_rows_view(dq_acc), HALF_M.value, D // 2), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
+            qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
+            HEAD_DIM=D, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,
+        )
+    dq.copy_(dq_acc)

@@ -30,6 +30,8 @@ Kernels:
   dK/dV pass adds each key block's dS K into a zeroed fp32 dQ (relaxed atomic adds, or with TMA whole
   tiles by TMA reductions, as FlashAttention-3 does), and this pass does not run. The order of those
   adds varies run to run, and so do dQ's last bits: `deterministic=True` keeps the separate pass.
+  On Hopper the dK/dV buckets' WS knob replaces both passes with hopper_ws's fused backward (FlashAttention-3's
+  schedule, dQ by TMA reductions: not deterministic either), and the forward's and dQ's WS theirs.
 Every loop over blocks is split in three: masked blocks left of the fully visible ones (window
 edge), the fully visible ones without any mask arithmetic, and masked blocks right of them (causal
 diagonal, sequence end). Head dims that are no power of two (MLA's 192) run padded to the next one
@@ -823,11 +825,12 @@ def backward_into(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
     shape: AttentionShape, causal: bool, scale: float, window: int | None, deterministic: bool = False,
-    dq_config: AttentionConfig | None = None,
+    kv_config: AttentionConfig | None = None, dq_config: AttentionConfig | None = None,
 ) -> None:
     """Write the gradients of q, k and v into dq, dk and dv (shaped like q, k, v). `deterministic`: dQ in
-    its own pass even where the dK/dV bucket adds it atomically (the same bits run to run). `dq_config`: the
-    dQ pass's config instead of the tuned table's (benchmarks pin one)."""
+    its own pass even where the dK/dV bucket sums it in fp32 across key blocks (the fused warp-specialized
+    backward, WS; DQ_ATOMIC): the same bits run to run. `kv_config`, `dq_config`: the dK/dV (or fused) and dQ
+    passes' configs instead of the tuned table's (benchmarks pin them)."""
     common = _common(shape, causal, window)
     cu_q, cu_k = _cu(shape, q)
     scalars = (shape.seqlen_q, shape.seqlen_k, window or 0, scale * LOG2E, scale)
@@ -843,9 +846,12 @@ def backward_into(
     tensors = (q, k, v, grad_out, lse, delta)
     strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
 
-    cfg = config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
+    cfg = kv_config or config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
     if deterministic:
-        cfg = replace(cfg, DQ_ATOMIC=0)
+        cfg = replace(cfg, DQ_ATOMIC=0, WS=0)
+    if cfg.WS and hopper_ws.supports_backward(q, k, v, grad_out, causal, window, shape.packed):
+        hopper_ws.backward_ws(q, k, v, grad_out, lse, delta, dq, dk, dv, causal, scale * LOG2E, scale)
+        return
     # DQ_ATOMIC: the dK/dV pass adds dQ into fp32 (zeroed: every key block adds its share), and no dQ pass runs.
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if cfg.DQ_ATOMIC else dq
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)

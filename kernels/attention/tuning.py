@@ -48,9 +48,9 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 64},
     "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 1, "HEAD_DIM": 256},
-    "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "HEAD_DIM": 64},
-    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 128},
-    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "HEAD_DIM": 256},
+    "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "WS": 0, "HEAD_DIM": 64},
+    "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 128},
+    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "WS": 0, "HEAD_DIM": 256},
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
@@ -61,7 +61,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
 # Knobs of some passes only, held by their buckets alone (the search never adds a knob to a bucket).
-PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_q")}
+PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_kv", "bwd_q")}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
@@ -126,9 +126,10 @@ def shared_memory_bytes(cfg: Mapping[str, int]) -> int:
 def fits(cfg: Mapping[str, int]) -> bool:
     """Whether the GPU can run a config well (the search skips the rest): it fits a Hopper SM's shared
     memory (`shared_memory_bytes`), DQ_ATOMIC has query blocks of 64 rows or more, and WS is on only at
-    the head dims the warp-specialized forward serves."""
+    the head dims the pass's warp-specialized kernel serves (the fused backward's in the dK/dV buckets)."""
     if cfg.get("DQ_ATOMIC") and cfg["BLOCK_M"] < 64:
         return False  # dQ = dS K of 32 query rows is too short for wgmma: Triton falls back to mma.sync
-    if cfg.get("WS") and cfg["HEAD_DIM"] not in hopper_ws.HEAD_DIMS:
+    ws_head_dims = hopper_ws.BWD_HEAD_DIMS if "DQ_ATOMIC" in cfg else hopper_ws.HEAD_DIMS
+    if cfg.get("WS") and cfg["HEAD_DIM"] not in ws_head_dims:
         return False
     return shared_memory_bytes(cfg) <= SHARED_MEMORY_BYTES
