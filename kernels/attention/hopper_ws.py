@@ -487,8 +487,9 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # columns: its half of the block's dQ share, staged in shared memory and added into an fp32 dQ by a TMA
 # reduction that a warp of its own issues. Five block matmuls where the two-pass backward (the Triton dK/dV pass
 # and the dQ pass) computes seven: S and dP once, not twice. dV's product is issued as soon as P is, and runs
-# while dS is computed. At d128 (dK, dV and a step's S^T and dP^T live at once) ptxas spills 120 bytes a thread,
-# 448 causal (Triton 3.6, sm_90a); at d64 none.
+# while dS is computed. Each step's LSE and delta come through shared memory from the producer: loaded by the
+# consumers themselves they were live across the step's matmuls beside dK, dV, S^T and dP^T, and ptxas spilled
+# 120-448 bytes a thread at d128 (1.08-1.10x slower, H100); now none at d64 or d128 (Triton 3.6, sm_90a).
 
 BWD_KEY_BLOCK = gl.constexpr(128)  # keys a CTA: 64 a consumer warpgroup
 BWD_STAGES = 2  # q and dO blocks in flight: 208 KB at d128 with K, V, dS, dQ's staging and the scratch
@@ -528,10 +529,13 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 
 
 @gluon.jit
-def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, qdo_ready,
-                        qdo_free, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring."""
+def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
+                        kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                        stride_lb, stride_lh, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring, and beside them
+    the block's LSE (in log2 units) and delta, loaded here so that the consumers read them from shared memory
+    when they need them (held in their registers across the matmuls, they spilled)."""
+    stat_layout: gl.constexpr = gl.BlockedLayout([HALF_M // 32], [32], [1], [0])
     b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_smem)
@@ -544,6 +548,12 @@ def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem
         mbarrier.expect(qdo_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         _tma_load(q_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), q_bufs.index(s))
         _tma_load(do_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), do_bufs.index(s))
+        rows = m0 + gl.arange(0, HALF_M, layout=stat_layout)
+        stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
+        # Rows past Sq get an infinite LSE: P = 0 there, so they add nothing to dK, dV or (through dS) to dQ.
+        lse_bufs.index(s).store(gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E)
+        delta_bufs.index(s).store(gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0))
+        mbarrier.arrive(qdo_ready.index(s), count=1)
 
 
 @gluon.jit
@@ -564,11 +574,10 @@ def _bwd_reduce_partition(dq_desc, dq_smem, dq_full, dq_empty, seqlen_q, seqlen_
 
 
 @gluon.jit
-def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, qdo_ready, qdo_free, ds_ready,
-                   dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                   qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
-                   stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr):
+def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_ready, qdo_ready,
+                   qdo_free, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                   qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     st_layout: gl.constexpr = _warpgroup_acc(HALF_M)  # S^T, dP^T: [64 keys, 64 query rows]
     kv_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)  # dK, dV: [64 keys, head dim]
     dq_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM // 2)  # a half of dQ's columns: [64 query rows, D / 2]
@@ -587,31 +596,27 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, 
     mbarrier.wait(kv_ready, 0)
     for t in range(steps):
         s = t % STAGES
-        h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+        _h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
         mbarrier.wait(qdo_ready.index(s), (t // STAGES) & 1)
         q = q_bufs.index(s)
         do = do_bufs.index(s)
         zeros = gl.zeros([HALF_M, HALF_M], gl.float32, st_layout)
         st = warpgroup_mma(k_rows, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_rows, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        rows = m0 + gl.arange(0, HALF_M, layout=row_layout)
-        stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
-        # Rows past Sq get an infinite LSE: P = 0 there, so they add nothing to dK, dV or (through dS) to dQ.
-        lse = gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
-        delta = gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         # One branch for both masks (a branch each, or the causal mask on every step: 0.75-0.95x causal).
         if key0 + HALF_M > seqlen_k or (CAUSAL and m0 + diag < key0 + HALF_M - 1):
             visible = gl.expand_dims(keys < seqlen_k, 1)
             if CAUSAL:
+                rows = m0 + gl.arange(0, HALF_M, layout=row_layout)
                 visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + diag, 0))
             st = gl.where(visible, st, -float("inf"))
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse_bufs.index(s).load(row_layout), 0))
         # dV's product runs while dS is computed.
         dv = warpgroup_mma(gl.convert_layout(pt.to(k_smem.dtype), op_layout), do, dv, is_async=True)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))
         # dS carries the softmax scale: dK = dS^T Q and dQ = dS K come out scaled.
-        dst = (pt * (dpt - gl.expand_dims(delta, 0)) * sm_scale).to(k_smem.dtype)
+        dst = (pt * (dpt - gl.expand_dims(delta_bufs.index(s).load(row_layout), 0)) * sm_scale).to(k_smem.dtype)
         ds = ds_bufs.index(t % 2)
         ds.slice(HALF * HALF_M, HALF_M).store(dst)
         fence_async_shared()
@@ -647,6 +652,9 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BWD_KEY_BLOCK, HALF_M],
                                         gl.NVMMASharedLayout.get_default_for([BWD_KEY_BLOCK, HALF_M], dtype))
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, HALF_M, HEAD_DIM // 2], dq_desc.layout)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -656,22 +664,23 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     mbarrier.init(kv_ready, count=1)
     mbarrier.init(ds_ready, count=2)
     for s in gl.static_range(STAGES):
-        mbarrier.init(qdo_ready.index(s), count=1)
+        mbarrier.init(qdo_ready.index(s), count=2)  # the q and dO tiles' bytes, the LSE and delta stored
         mbarrier.init(qdo_free.index(s), count=2)
     for half in gl.static_range(2):
         mbarrier.init(dq_full.index(half), count=1)
         mbarrier.init(dq_empty.index(half), count=1)
     gl.warp_specialize([
-        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, qdo_ready, qdo_free, ds_ready,
-                          dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                          qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_ready,
+                          qdo_ready, qdo_free, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k,
+                          heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
                           stride_dvs, stride_dvh, 0, HEAD_DIM, STAGES, CAUSAL)),
-        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, ds_bufs, dq_smem, kv_ready, qdo_ready, qdo_free, ds_ready,
-                          dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                          qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_ready,
+                          qdo_ready, qdo_free, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k,
+                          heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
                           stride_dvs, stride_dvh, 1, HEAD_DIM, STAGES, CAUSAL)),
-        (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, qdo_ready,
-                               qdo_free, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM, STAGES, CAUSAL)),
+        (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
+                               kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                               stride_lb, stride_lh, HEAD_DIM, STAGES, CAUSAL)),
         (_bwd_reduce_partition, (dq_desc, dq_smem, dq_full, dq_empty, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM,
                                  CAUSAL)),
     ], [4, 1, 1], [240, 24, 24])
