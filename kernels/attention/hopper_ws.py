@@ -486,8 +486,9 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # shared memory, where, once both warpgroups' halves have landed, each multiplies all 128 keys' dS by half of K's
 # columns: its half of the block's dQ share, staged in shared memory and added into an fp32 dQ by a TMA
 # reduction that a warp of its own issues. Five block matmuls where the two-pass backward (the Triton dK/dV pass
-# and the dQ pass) computes seven: S and dP once, not twice. dV's product is issued as soon as P is, and runs
-# while dS is computed. Each step's LSE and delta come through shared memory from the producer: loaded by the
+# and the dQ pass) computes seven: S and dP once, not twice. dV's product is issued as soon as P is (it runs while
+# dS is computed), dK's as soon as dS is (while dS is shared: 1.02-1.05x causal). Each step's LSE and delta come
+# through shared memory from the producer, loaded while it waits for the stage (1.05x at d128): loaded by the
 # consumers themselves they were live across the step's matmuls beside dK, dV, S^T and dP^T, and ptxas spilled
 # 120-448 bytes a thread at d128 (1.08-1.10x slower, H100); now none at d64 or d128 (Triton 3.6, sm_90a).
 
@@ -544,15 +545,18 @@ def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem
     for t in range(steps):
         s = t % STAGES
         h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+        # The statistics are loaded while the stage is still in use (their latency under the wait).
+        rows = m0 + gl.arange(0, HALF_M, layout=stat_layout)
+        stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
+        # Rows past Sq get an infinite LSE: P = 0 there, so they add nothing to dK, dV or (through dS) to dQ.
+        lse = gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
+        delta = gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(qdo_free.index(s), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(qdo_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         _tma_load(q_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), q_bufs.index(s))
         _tma_load(do_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), do_bufs.index(s))
-        rows = m0 + gl.arange(0, HALF_M, layout=stat_layout)
-        stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
-        # Rows past Sq get an infinite LSE: P = 0 there, so they add nothing to dK, dV or (through dS) to dQ.
-        lse_bufs.index(s).store(gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E)
-        delta_bufs.index(s).store(gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0))
+        lse_bufs.index(s).store(lse)
+        delta_bufs.index(s).store(delta)
         mbarrier.arrive(qdo_ready.index(s), count=1)
 
 
@@ -617,11 +621,12 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))
         # dS carries the softmax scale: dK = dS^T Q and dQ = dS K come out scaled.
         dst = (pt * (dpt - gl.expand_dims(delta_bufs.index(s).load(row_layout), 0)) * sm_scale).to(k_smem.dtype)
+        # dK's product runs while dS is shared with the other warpgroup.
+        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
         ds = ds_bufs.index(t % 2)
         ds.slice(HALF * HALF_M, HALF_M).store(dst)
         fence_async_shared()
         mbarrier.arrive(ds_ready, count=1)
-        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
         # Both halves of dS (the other warpgroup's keys too) in shared memory: this half of dQ's columns.
         mbarrier.wait(ds_ready, t & 1)
         dq = warpgroup_mma(ds.permute((1, 0)), k_cols, gl.zeros([HALF_M, HEAD_DIM // 2], gl.float32, dq_layout),
