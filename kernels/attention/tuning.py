@@ -5,14 +5,15 @@ A bucket is a pass (`fwd`, `fwd_fp8`: the FP8 forward, `bwd_kv`: dK/dV per K/V b
 Q block) and the padded head dim (the larger of the q/k and v head dims, rounded up to a power of two:
 MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys in every pass.
 TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (kernel.py's docstring;
-tensors without a [rows, heads x head dim] view fall back to pointers). WS, in the forward's and the dQ
-buckets, 1: that pass runs on its warp-specialized Gluon kernel (hopper_ws.py: 128-row query blocks on
-two consumer warpgroups; the forward 128 keys a stage (64 at d256), the dQ pass 64) wherever it serves
-the problem; the bucket's other knobs are the Triton kernel's, which runs the rest (packed, windowed, MLA
-problems; dQ at d256). DQ_ATOMIC, in the dK/dV buckets
-only, 1: that pass also adds dQ atomically into an fp32 buffer and the dQ pass does not run (5 block
-matmuls per step of the backward instead of 7, at the cost of fp32 atomics and bit-exact repeats; the
-bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
+tensors without a [rows, heads x head dim] view fall back to pointers). WS 1: that pass runs on its
+warp-specialized Gluon kernel (hopper_ws.py) wherever it serves the problem: the forward and the dQ pass on
+128-row query blocks on two consumer warpgroups (the forward 128 keys a stage, 64 at d256; the dQ pass 64),
+and in the dK/dV buckets the fused backward (128 keys a CTA, dQ by TMA reductions: no dQ pass runs, and the
+bwd_q bucket goes unused; d64 and d128). The bucket's other knobs are the Triton kernel's, which runs the
+rest (packed, windowed, MLA problems; dQ and the backward at d256; `deterministic`). DQ_ATOMIC, in the
+dK/dV buckets only, 1: the Triton dK/dV pass also adds dQ atomically into an fp32 buffer and the dQ pass
+does not run (5 block matmuls per step of the backward instead of 7, at the cost of fp32 atomics and
+bit-exact repeats; the bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
 they tell `fits` the bucket's head dim and operand width.
 
 Starting points were the Triton fused-attention tutorial's Hopper choices (a 128x64 forward tile with 3
@@ -23,7 +24,8 @@ preset campaign (BLOCK_N 64, +5.2% step); the d256 forward and dQ (4 warps, TMA:
 the d64 dK/dV pass (64x64, TMA, DQ_ATOMIC: +17.3%) by halving searches. TMA and DQ_ATOMIC stay off
 where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85-0.89x). WS (2026-11-25,
 benchmarks/attention_ab.py): the forward on at every head dim (1.25-1.6x the Triton forward), the dQ pass
-at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off).
+at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backward at d128 and d64 (the
+backward 1.23-1.27x the two-pass one with the WS dQ pass at d128, 1.0-1.07x at d64).
 """
 
 from __future__ import annotations
