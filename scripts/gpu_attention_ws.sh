@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 16, one device call: the warp-specialized attention forward (kernels/attention/hopper_ws.py) on the
-# GPU: its tests against float64 and the attention GPU suite, then the forward A/B against the Triton
-# forward and SDPA cuDNN / FA2 (benchmarks/attention_ab.py; `ab-bwd`: our backward and theirs). With
+# Issue 16, one device call: the warp-specialized attention kernels (kernels/attention/hopper_ws.py) on the
+# GPU: their tests against float64 and the attention GPU suite, then the forward A/B against the Triton
+# forward and SDPA cuDNN / FA2 (benchmarks/attention_ab.py; `ab-bwd`: our backwards, fused and two-pass,
+# and theirs). With
 # `table`, the harness bench of the headline preset (issue 16's acceptance setting: 2 x 8k tokens, d64 /
 # d128 / d256, causal and not) and the llama3-8b preset next to cuDNN and FA2 under the committed tuned
 # table. Logs and CSVs in $OUT/results.tgz.
