@@ -548,28 +548,7 @@ def test_warp_specialized_forward_on_gpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [
-    (2, 1000, 1000, 8, 2, 128, False, torch.bfloat16),
-    (2, 1000, 1000, 8, 2, 128, True, torch.bfloat16),
-    (1, 777, 1500, 4, 4, 128, True, torch.float16),
-    (2, 300, 300, 4, 1, 64, True, torch.bfloat16),
-    (1, 64, 2000, 2, 2, 64, False, torch.float16),
-], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16"])
-def test_warp_specialized_dq_on_gpu(case):
-    """hopper_ws's dQ pass against float64 into a poisoned buffer, from the float64 LSE and delta: partial
-    query and key blocks, GQA, causal with Sq < Sk."""
-    B, Sq, Sk, Hq, Hkv, D, causal, dtype = case
-    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, dtype, "cuda")
-    assert hopper_ws.supports_dq(q, k, v, g, causal, None, False)
-    out, dq_want, _, _ = reference(q, k, v, g, causal)
-    lse = reference_lse(q, k, causal).float()
-    delta = (out * g.double()).sum(-1).transpose(1, 2).float().contiguous()
-    dq = torch.full_like(q, math.nan)
-    hopper_ws.backward_dq_ws(q, k, v, g, lse, delta, dq, causal, kernel_module.LOG2E / math.sqrt(D), 1 / math.sqrt(D))
-    assert snr_db(dq, dq_want) >= snr_threshold(dtype_name(dtype)), snr_db(dq, dq_want)
-
-
-@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["dq-pass", "fused"])
 @pytest.mark.parametrize("case", [
     (2, 1000, 1000, 8, 2, 128, False, torch.bfloat16),
     (2, 1000, 1000, 8, 2, 128, True, torch.bfloat16),
@@ -579,19 +558,25 @@ def test_warp_specialized_dq_on_gpu(case):
     (3, 130, 130, 2, 2, 128, False, torch.bfloat16),
 ], ids=["gqa-d128", "gqa-causal-d128", "causal-q777-k1500-fp16", "mqa-causal-d64", "q64-k2000-d64-fp16",
         "b3-s130-d128"])
-def test_warp_specialized_backward_on_gpu(case):
-    """hopper_ws's fused backward against float64 into poisoned buffers, from the float64 LSE and delta:
-    partial query and key blocks (their rows reading the next sequence's), GQA and MQA (dK, dV summed over
-    the group), causal with Sq < Sk."""
+def test_warp_specialized_backward_on_gpu(case, fused):
+    """hopper_ws's dQ pass, or its fused backward (dQ, dK and dV), against float64 into poisoned buffers, from
+    the float64 LSE and delta: partial query and key blocks (their rows reading the next sequence's), GQA and
+    MQA (dK, dV summed over the group), causal with Sq < Sk."""
     B, Sq, Sk, Hq, Hkv, D, causal, dtype = case
     q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, dtype, "cuda")
-    assert hopper_ws.supports_backward(q, k, v, g, causal, None, False)
     out, *want = reference(q, k, v, g, causal)
     lse = reference_lse(q, k, causal).float()
     delta = (out * g.double()).sum(-1).transpose(1, 2).float().contiguous()
     got = [torch.full_like(t, math.nan) for t in (q, k, v)]
-    hopper_ws.backward_ws(q, k, v, g, lse, delta, *got, causal, kernel_module.LOG2E / math.sqrt(D), 1 / math.sqrt(D))
-    for name, have, ref in zip(("dq", "dk", "dv"), got, want, strict=True):
+    scales = (kernel_module.LOG2E / math.sqrt(D), 1 / math.sqrt(D))
+    if fused:
+        assert hopper_ws.supports_backward(q, k, v, g, causal, None, False)
+        hopper_ws.backward_ws(q, k, v, g, lse, delta, *got, causal, *scales)
+    else:
+        assert hopper_ws.supports_dq(q, k, v, g, causal, None, False)
+        hopper_ws.backward_dq_ws(q, k, v, g, lse, delta, got[0], causal, *scales)
+        got, want = got[:1], want[:1]
+    for name, have, ref in zip(("dq", "dk", "dv")[:len(got)], got, want, strict=True):
         assert snr_db(have, ref) >= snr_threshold(dtype_name(dtype)), (name, snr_db(have, ref))
 
 
