@@ -176,16 +176,15 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
 @gluon.jit
 def _store_rows(ptr, tile, b, h, first_row, seqlen, stride_b, stride_s, stride_h, HEAD_DIM: gl.constexpr):
     """A consumer's [64, HEAD_DIM] fp32 tile into rows first_row.. of head h of batch b of a [B, S, H, D]
-    tensor (D contiguous), in its dtype; rows at or past `seqlen` are dropped. 16-byte stores: each thread
-    writes 8 consecutive elements of a row."""
-    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // HEAD_DIM,
-                                                  HEAD_DIM // 8], warps_per_cta=[4, 1], order=[1, 0])
+    tensor (D contiguous), in its dtype; rows at or past `seqlen` are dropped. Stored from the tile's own
+    (accumulator) layout, 4-byte stores: a change to a 16-byte-store layout took a shared-memory scratch tile
+    (16-32 KB) that a third K/V stage at d128 needs."""
+    store_layout: gl.constexpr = tile.type.layout
     rows = first_row + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
     ptrs = (ptr + b.to(gl.int64) * stride_b + h * stride_h + gl.expand_dims(rows.to(gl.int64) * stride_s, 1)
             + gl.expand_dims(cols, 0))
-    tile = gl.convert_layout(tile.to(ptr.dtype.element_ty), store_layout)
-    gl.store(ptrs, tile, mask=gl.expand_dims(rows < seqlen, 1))
+    gl.store(ptrs, tile.to(ptr.dtype.element_ty), mask=gl.expand_dims(rows < seqlen, 1))
 
 
 @gluon.jit
@@ -275,12 +274,10 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
 
 
 def shared_bytes(head_dim: int, block_n: int, stages: int, element_size: int = 2) -> int:
-    """An upper bound of a launch's shared memory: q's 128 rows, a K and a V block a stage, the compiler's
-    layout-change scratch (16 KB at head dim 64 and 128 alike, 32 KB at 256, Triton 3.6 and 3.9 for sm_90a:
-    counted as a [64, max(head dim, 128)] tile), and 1 KB for the barriers. tests/test_attention_fp8.py
-    checks it against the compiled kernels."""
-    scratch = HALF_M.value * max(head_dim, 128)
-    return ((BLOCK_M.value + 2 * stages * block_n) * head_dim + scratch) * element_size + 1024
+    """An upper bound of a launch's shared memory: q's 128 rows, a K and a V block a stage, and 1 KB for the
+    barriers (the output is stored from the accumulator's own layout: no layout-change scratch, which took
+    16-32 KB more). tests/test_attention_fp8.py checks it against the compiled kernels."""
+    return (BLOCK_M.value + 2 * stages * block_n) * head_dim * element_size + 1024
 
 
 def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -295,7 +292,7 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
 
 def stages_for(head_dim: int) -> int:
     """The deepest K/V ring of 2 or 3 stages of key_block_for(head_dim) keys that fits in shared memory:
-    d64 3, d128 and d256 2 (at d64, 4 stages measured 0.88-0.96x of 3, 2 stages 0.95-0.97x; H100,
+    d64 and d128 3, d256 2 (at d64, 4 stages measured 0.88-0.96x of 3, 2 stages 0.95-0.97x; H100,
     benchmarks/attention_ab.py)."""
     return 3 if shared_bytes(head_dim, key_block_for(head_dim), 3) <= SHARED_MEMORY_BYTES else 2
 
@@ -493,7 +490,7 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # 120-448 bytes a thread at d128 (1.08-1.10x slower, H100); now none at d64 or d128 (Triton 3.6, sm_90a).
 
 BWD_KEY_BLOCK = gl.constexpr(128)  # keys a CTA: 64 a consumer warpgroup
-BWD_STAGES = 2  # q and dO blocks in flight: 208 KB at d128 with K, V, dS, dQ's staging and the scratch
+BWD_STAGES = 2  # q and dO blocks in flight: 198 KB at d128 with K, V, dS and dQ's staging (3: 140 B spilled)
 BWD_HEAD_DIMS = (64, 128)  # d256: dK and dV alone would take 256 registers a thread
 
 
