@@ -495,8 +495,10 @@ def test_warp_specialized_knob(device):
     assert not fits(dict(TUNED_TABLE["fwd-d128"], WS=1, HEAD_DIM=192))
     assert fits(dict(TUNED_TABLE["bwd_kv-d128"], WS=1))
     assert not fits(dict(TUNED_TABLE["bwd_kv-d256"], WS=1))  # dK and dV of 64 keys x 256 in registers
-    # 128 keys a stage, 64 at d256: three stages at d64 and d128 (224 KB), two at d256 (three: 256 KB)
-    assert [hopper_ws.stages_for(d) for d in (64, 128, 256)] == [3, 3, 2]
+    # 128 keys a stage, 64 at d256: three stages at d64, two at d128 (three fit, 224 KB) and d256; each fits
+    assert [hopper_ws.stages_for(d) for d in (64, 128, 256)] == [3, 2, 2]
+    assert all(hopper_ws.shared_bytes(d, hopper_ws.key_block_for(d), hopper_ws.stages_for(d)) <= SHARED_MEMORY_BYTES
+               for d in hopper_ws.HEAD_DIMS)
     q, k, v, _ = make(1, 70, 70, 2, 2, 128, 128, torch.float16, device)
     runs_here = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     assert hopper_ws.supported(q, k, v, True, None, False) == runs_here

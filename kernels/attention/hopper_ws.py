@@ -291,10 +291,10 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def stages_for(head_dim: int) -> int:
-    """The deepest K/V ring of 2 or 3 stages of key_block_for(head_dim) keys that fits in shared memory:
-    d64 and d128 3, d256 2 (at d64, 4 stages measured 0.88-0.96x of 3, 2 stages 0.95-0.97x; H100,
-    benchmarks/attention_ab.py)."""
-    return 3 if shared_bytes(head_dim, key_block_for(head_dim), 3) <= SHARED_MEMORY_BYTES else 2
+    """The K/V ring's depth in stages of key_block_for(head_dim) keys, as measured on the H100
+    (benchmarks/attention_ab.py): d64 3 (4 stages 0.88-0.96x, 2 stages 0.95-0.98x), d128 2 (3 stages fit
+    since the outputs need no scratch, and ran 0.98x), d256 2 (3 do not fit)."""
+    return 3 if head_dim <= 64 else 2
 
 
 def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool) -> bool:
