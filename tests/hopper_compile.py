@@ -2,10 +2,11 @@
 `python -m tests.hopper_compile` prints, for the FP8 forward at each head dim, and for the bf16 forward
 and both backward passes at d128 (dK/dV also adding dQ atomically), with their tile streams loaded by
 pointers and through tensor descriptors (TMA, the tuned table's knob), what the PTX holds (wgmma
-instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback; TMA loads; atomics) and what
+instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback; TMA loads and reductions; atomics) and what
 ptxas reports (registers, bytes spilled), and the E4M3 conversions in the kernels that quantize q, k
 and v (dense, and packed into the sequence-major layout); and for the warp-specialized blockwise FP8 GEMM
-(Gluon), M-grouped and as the wgrad's token reduction, whether ptxas serializes its wgmmas. Run with
+(Gluon), M-grouped and as the wgrad's token reduction, whether ptxas serializes its wgmmas; and the
+warp-specialized attention kernels (the forward, the dQ pass, the fused backward). Run with
 TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from kernels.attention.hopper_ws import _attention_bwd_dq_ws_kernel, _attention_bwd_ws_kernel, _attention_fwd_ws_kernel
+from kernels.attention.hopper_ws import (
+    BWD_STAGES,
+    _attention_bwd_dq_ws_kernel,
+    _attention_bwd_ws_kernel,
+    _attention_fwd_ws_kernel,
+)
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
     _bwd_dkdv_kernel,
@@ -80,7 +86,8 @@ def _ptxas_report(ptx: str) -> dict[str, int]:
 
 def _instructions(ptx: str) -> dict[str, int]:
     return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
-            "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor")}
+            "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
+            "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
 
 
 def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, int]:
@@ -127,9 +134,8 @@ def compile_backward(pass_: str, head_dim: int, tma: bool, dq_atomic: bool = Fal
     if pass_ == "bwd_kv":
         constants |= {"DQ_ATOMIC": dq_atomic, "DQ_REDUCE": tma and dq_atomic}
     ptx = _ptx(kernel, {k: v for k, v in types.items() if k in names}, constants, cfg.num_warps, cfg.num_stages)
-    atomics = {"atomic_adds": len(re.findall(r"(?:red|atom)\.global\S*\.add(?:\.v\d)?\.f32", ptx)),
-               "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
-    return _instructions(ptx) | atomics | _ptxas_report(ptx)
+    atomic_adds = len(re.findall(r"(?:red|atom)\.global\S*\.add(?:\.v\d)?\.f32", ptx))
+    return _instructions(ptx) | {"atomic_adds": atomic_adds} | _ptxas_report(ptx)
 
 
 def compile_quantization(packed: bool) -> dict[str, int]:
@@ -161,7 +167,7 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
-def _bf16_tile(rows: int, head_dim: int, element: str = "bf16") -> str:
+def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:
     """The type of a host descriptor of [rows, head_dim] tiles (bf16, or fp32: the fused backward's dQ), as
     hopper_ws builds them."""
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], {"bf16": gl.bfloat16, "fp32": gl.float32}[element])
@@ -171,8 +177,8 @@ def _bf16_tile(rows: int, head_dim: int, element: str = "bf16") -> str:
 def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
     """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16, as forward_ws launches
     it: wgmmas (QK^T from shared memory, PV with P from registers), registers, spills, shared memory."""
-    types = {"q_desc": _bf16_tile(64, head_dim), "k_desc": _bf16_tile(block_n, head_dim),
-             "v_desc": _bf16_tile(block_n, head_dim), "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
+    types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(block_n, head_dim),
+             "v_desc": _tile_type(block_n, head_dim), "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
     constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
     compiled = _compile(_attention_fwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
@@ -181,8 +187,8 @@ def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool)
 
 def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
     """The warp-specialized dQ pass (kernels/attention/hopper_ws.py) in bf16, as backward_dq_ws launches it."""
-    types = {"q_desc": _bf16_tile(64, head_dim), "k_desc": _bf16_tile(block_n, head_dim),
-             "v_desc": _bf16_tile(block_n, head_dim), "do_desc": _bf16_tile(64, head_dim), "lse_ptr": "*fp32",
+    types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(block_n, head_dim),
+             "v_desc": _tile_type(block_n, head_dim), "do_desc": _tile_type(64, head_dim), "lse_ptr": "*fp32",
              "delta_ptr": "*fp32", "dq_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
     constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
     compiled = _compile(_attention_bwd_dq_ws_kernel, types, constants)
@@ -193,15 +199,14 @@ def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bo
 def compile_attention_bwd_ws(head_dim: int, causal: bool) -> dict[str, int]:
     """The warp-specialized fused backward (kernels/attention/hopper_ws.py) in bf16, as backward_ws launches it:
     wgmmas, TMA reductions of dQ, registers, spills, shared memory."""
-    types = {"q_desc": _bf16_tile(64, head_dim), "k_desc": _bf16_tile(128, head_dim),
-             "v_desc": _bf16_tile(128, head_dim), "do_desc": _bf16_tile(64, head_dim),
-             "dq_desc": _bf16_tile(64, head_dim // 2, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+    types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(128, head_dim),
+             "v_desc": _tile_type(128, head_dim), "do_desc": _tile_type(64, head_dim),
+             "dq_desc": _tile_type(64, head_dim // 2, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
              "dk_ptr": "*bf16", "dv_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
-    constants = {"HEAD_DIM": head_dim, "STAGES": 2, "CAUSAL": causal}
+    constants = {"HEAD_DIM": head_dim, "STAGES": BWD_STAGES, "CAUSAL": causal}
     compiled = _compile(_attention_bwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
-    return (_instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared,
-                                                       "tma_reduce": ptx.count("cp.reduce.async.bulk.tensor")})
+    return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
 if __name__ == "__main__":

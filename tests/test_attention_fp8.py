@@ -313,7 +313,7 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
     for d in hopper_ws.BWD_HEAD_DIMS:
         for causal in ("", "-causal"):
             bwd = counts[f"attention-bwd-ws-d{d}{causal}"]
-            assert bwd["wgmma"] > 0 and bwd["mma_sync"] == 0 and bwd["tma_loads"] > 0 and bwd["tma_reduce"] > 0, bwd
+            assert bwd["wgmma"] > 0 and bwd["mma_sync"] == 0 and bwd["tma_loads"] > 0 and bwd["tma_reduces"] > 0, bwd
             assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] == 0, bwd
 
 
