@@ -25,7 +25,7 @@ the d64 dK/dV pass (64x64, TMA, DQ_ATOMIC: +17.3%) by halving searches. TMA and 
 where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85-0.89x). WS (2026-11-25,
 benchmarks/attention_ab.py): the forward on at every head dim (1.25-1.6x the Triton forward), the dQ pass
 at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backward at d128 and d64 (the
-backward 1.23-1.27x the two-pass one with the WS dQ pass at d128, 1.0-1.07x at d64).
+backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at d64).
 """
 
 from __future__ import annotations
