@@ -8,8 +8,7 @@ Triton forward under the tuned table's bucket with WS off (`triton`), and the wa
 (kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`. Backward (`--pass bwd`): our
 whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they serve the shape, on
 the warp-specialized one (`ws dq`) and as the fused warp-specialized backward (`ws fused`); SDPA's from its
-own forward's graph. For GQA, SDPA gets k and v repeated to the q
-heads outside its timing.
+own forward's graph. For GQA, SDPA gets k and v repeated to the q heads outside its timing.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
     python benchmarks/attention_ab.py --pass bwd --rounds 5 --csv attention_ab_bwd.csv
