@@ -30,6 +30,8 @@ from kernels.attention.hopper_ws import (
     _attention_bwd_dq_ws_kernel,
     _attention_bwd_ws_kernel,
     _attention_fwd_ws_kernel,
+    bwd_dq_chunk,
+    bwd_key_block,
 )
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
@@ -199,11 +201,12 @@ def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bo
 def compile_attention_bwd_ws(head_dim: int, causal: bool) -> dict[str, int]:
     """The warp-specialized fused backward (kernels/attention/hopper_ws.py) in bf16, as backward_ws launches it:
     wgmmas, TMA reductions of dQ, registers, spills, shared memory."""
-    types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(128, head_dim),
-             "v_desc": _tile_type(128, head_dim), "do_desc": _tile_type(64, head_dim),
-             "dq_desc": _tile_type(64, head_dim // 2, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+    keys, dq_chunk = bwd_key_block(head_dim), bwd_dq_chunk(head_dim)
+    types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(keys, head_dim),
+             "v_desc": _tile_type(keys, head_dim), "do_desc": _tile_type(64, head_dim),
+             "dq_desc": _tile_type(64, dq_chunk, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
              "dk_ptr": "*bf16", "dv_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
-    constants = {"HEAD_DIM": head_dim, "STAGES": BWD_STAGES, "CAUSAL": causal}
+    constants = {"HEAD_DIM": head_dim, "KEYS": keys, "DQ_CHUNK": dq_chunk, "STAGES": BWD_STAGES, "CAUSAL": causal}
     compiled = _compile(_attention_bwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
@@ -231,5 +234,5 @@ if __name__ == "__main__":
     found |= {f"attention-dq-ws-d{d}{'-causal' if causal else ''}": compile_attention_dq_ws(d, 64, 3, causal)
               for d in (64, 128) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}{'-causal' if causal else ''}": compile_attention_bwd_ws(d, causal)
-              for d in (64, 128) for causal in (False, True)}
+              for d in (64, 128, 256) for causal in (False, True)}
     print(json.dumps(found))

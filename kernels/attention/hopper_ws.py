@@ -21,9 +21,9 @@ the LSE are the Triton forward's (kernel.py's docstring): the backward reads eit
 the sequence's end reads the next sequence's rows (or zeros past the tensor): those keys are masked.
 The dQ pass (below the forward) follows the same pattern with dO beside q; the fused backward (below it: dK,
 dV and dQ in one pass, the tuned table's dK/dV buckets) turns it around, a CTA owning keys and streaming
-queries, with the same conditions at head dims 64 and 128. Gluon kernels do not run in the CPU interpreter:
-tests/test_attention.py checks these against float64 on the GPU, tests/hopper_compile.py compiles them for
-sm_90a anywhere.
+queries, with the same conditions (at d256 its warpgroups split the head dim). Gluon kernels do not run in the
+CPU interpreter: tests/test_attention.py checks these against float64 on the GPU, tests/hopper_compile.py
+compiles them for sm_90a anywhere.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language._core import _unwrap_if_constexpr, builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -488,10 +488,28 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # through shared memory from the producer, loaded while it waits for the stage (1.05x at d128): loaded by the
 # consumers themselves they were live across the step's matmuls beside dK, dV, S^T and dP^T, and ptxas spilled
 # 120-448 bytes a thread at d128 (1.08-1.10x slower, H100); now none at d64 or d128 (Triton 3.6, sm_90a).
+# At d256 (bwd_key_block) a CTA owns 64 keys and each warpgroup half of dK's and dV's columns for all of them
+# (by columns): each computes S^T and dP^T for 32 of the block's 64 query rows, P and dS go through shared memory
+# to both, and dQ's staging, for which shared memory has no room of its own there, goes into the step's dO and q
+# buffers once no product reads them, the reducer handing the stage back to the producer (214 KB). Staged in a
+# [64, 32] tile a warpgroup, dQ's handoffs to the reducer held the d256 backward to 0.74x cuDNN non-causal
+# (0.63x causal; S^T and dP^T computed by both warpgroups, 0.69x): without the reductions it ran 1.05x, with
+# neither reductions nor staging 1.7x (H100, scratch variants, 2026-11-25).
 
-BWD_KEY_BLOCK = gl.constexpr(128)  # keys a CTA: 64 a consumer warpgroup
 BWD_STAGES = 2  # q and dO blocks in flight: 198 KB at d128 with K, V, dS and dQ's staging (3: 140 B spilled)
-BWD_HEAD_DIMS = (64, 128)  # d256: dK and dV alone would take 256 registers a thread
+BWD_HEAD_DIMS = (64, 128, 256)
+
+
+def bwd_key_block(head_dim: int) -> int:
+    """Keys a CTA of the fused backward: 128, 64 a consumer warpgroup; at d256 64, both warpgroups on all of
+    them, each on half of the head dim (dK and dV of 64 keys x 256 would take 256 registers a thread)."""
+    return 64 if head_dim > 128 else 128
+
+
+def bwd_dq_chunk(head_dim: int) -> int:
+    """Columns of dQ a consumer computes and stages at a time: its half of the head dim, 64 at a time at d256
+    (staged in the step's dO and q buffers, _dq_staging)."""
+    return min(head_dim // 2, 64)
 
 
 @builtin
@@ -504,13 +522,35 @@ def _tma_reduce_add_v36(tensor_desc, coord, src, _semantic=None):
 _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_v36
 
 
+@builtin
+def _reinterpret(smem, dtype, shape, layout, _semantic=None):
+    """shared_memory_descriptor.reinterpret (Triton 3.7 on; `_reinterpret` before, the same op)."""
+    return _semantic.memdesc_reinterpret(smem, _unwrap_if_constexpr(dtype), [_unwrap_if_constexpr(n) for n in shape],
+                                         _unwrap_if_constexpr(layout))
+
+
 @gluon.jit
-def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL: gl.constexpr):
+def _dq_staging(staging, s, C: gl.constexpr, DQ_CHUNK: gl.constexpr):
+    """The two warpgroups' [64, DQ_CHUNK] fp32 tiles that stage chunk C of step s's dQ: by keys, staging is
+    (the tiles,), reused every chunk; by columns (d256, where shared memory has no room of their own for
+    them), it is (dO's stages, q's stages), and chunk 0 goes into the step's dO buffer (no product reads dO
+    once both dV products are done), chunk 1 into its q buffer (once both dK products are): the stage goes
+    back to the producer when the reducer has read them."""
+    if len(staging) == 1:
+        tiles = staging[0]
+    else:  # in the layout of dQ's TMA descriptor (_descriptor)
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_M, DQ_CHUNK], gl.float32)
+        tiles = _reinterpret(staging[C].index(s), gl.float32, [2, HALF_M, DQ_CHUNK], layout)
+    return tiles
+
+
+@gluon.jit
+def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
     """The CTA's key block and (batch, kv head), and its walk: query blocks [m_first, m_blocks) of each of the
     group's q heads (causal: from the first block whose last row sees the block's first key). A head's key
     blocks are launched side by side, sharing its q and dO in L2 (the heads side by side instead, causal walks
     longest first: 0.93x non-causal, 0.88x at d64, 1.08x on llama3-8b; H100)."""
-    n0 = gl.program_id(0) * BWD_KEY_BLOCK
+    n0 = gl.program_id(0) * KEYS
     bh = gl.program_id(1)
     b = bh // heads_kv
     kvh = bh % heads_kv
@@ -529,12 +569,13 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 @gluon.jit
 def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                         kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                        stride_lb, stride_lh, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                        stride_lb, stride_lh, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr,
+                        CAUSAL: gl.constexpr):
     """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring, and beside them
     the block's LSE (in log2 units) and delta, loaded here so that the consumers read them from shared memory
     when they need them (held in their registers across the matmuls, they spilled)."""
     stat_layout: gl.constexpr = gl.BlockedLayout([HALF_M // 32], [32], [1], [0])
-    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
+    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS, CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_smem)
     _tma_load(v_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, v_smem)
@@ -558,41 +599,143 @@ def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem
 
 
 @gluon.jit
-def _bwd_reduce_partition(dq_desc, dq_smem, dq_full, dq_empty, seqlen_q, seqlen_k, heads_kv, group,
-                          HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr):
-    """dQ's reducer: each step's two halves of dQ's share, staged by the consumers, added into the fp32 dQ by
-    TMA reductions; a half's staging tile is released once the reduction has read it."""
-    b, kvh, _n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
+def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
+                          heads_kv, group, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """dQ's reducer: each step's chunks of dQ's share, staged by the consumers (each a half of the columns,
+    DQ_CHUNK at a time), added into the fp32 dQ by TMA reductions; a staging tile is released once the
+    reduction has read it (at d256, staged in the step's q and dO buffers, the whole stage)."""
+    CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
+    BY_COLUMNS: gl.constexpr = KEYS == HALF_M
+    b, kvh, _n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS, CAUSAL)
     steps_per_head = steps // group
     for t in range(steps):
+        s = t % STAGES
         h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
-        for half in gl.static_range(2):
-            mbarrier.wait(dq_full.index(half), t & 1)
-            _tma_reduce_add(dq_desc, [b * seqlen_q + m0, h * HEAD_DIM + half * (HEAD_DIM // 2)], dq_smem.index(half))
-        tma.store_wait(0)
-        for half in gl.static_range(2):
-            mbarrier.arrive(dq_empty.index(half), count=1)
+        for c in gl.static_range(CHUNKS):
+            tiles = _dq_staging(staging, s, c, DQ_CHUNK)
+            for half in gl.static_range(2):
+                mbarrier.wait(dq_full.index((s * CHUNKS + c) * 2 + half), (t // STAGES) & 1)
+                _tma_reduce_add(dq_desc, [b * seqlen_q + m0, h * HEAD_DIM + half * (HEAD_DIM // 2) + c * DQ_CHUNK],
+                                tiles.index(half))
+            if not BY_COLUMNS:
+                tma.store_wait(0)
+                for half in gl.static_range(2):
+                    mbarrier.arrive(dq_empty.index(half), count=1)
+        if BY_COLUMNS:
+            tma.store_wait(0)
+            mbarrier.arrive(qdo_free.index(s), count=1)
 
 
 @gluon.jit
-def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_ready, qdo_ready,
-                   qdo_free, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                   qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _masked_scores(st, keys, key0, m0, seqlen_k, diag, rows_layout: gl.constexpr, ROWS: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+    """S^T of keys [key0, key0 + 64) by query rows [m0, m0 + ROWS), -inf where a key is past the sequence or
+    (causal) after the row. One branch for both masks (a branch each, or the causal mask on every step:
+    0.75-0.95x causal)."""
+    if key0 + HALF_M > seqlen_k or (CAUSAL and m0 + diag < key0 + HALF_M - 1):
+        visible = gl.expand_dims(keys < seqlen_k, 1)
+        if CAUSAL:
+            rows = m0 + gl.arange(0, ROWS, layout=rows_layout)
+            visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + diag, 0))
+        st = gl.where(visible, st, -float("inf"))
+    return st
+
+
+@gluon.jit
+def _bwd_products_by_keys(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, ds_ready, dk, dv, key0, m0,
+                          seqlen_k, diag, qk_scale, sm_scale, HALF: gl.constexpr, CAUSAL: gl.constexpr):
+    """A step of a warpgroup owning 64 keys and all of dK's and dV's columns (head dims 64 and 128): S^T and dP^T
+    of its keys, dV and dK from registers, its dS^T into the step's exchange buffer. Returns dK, dV (their
+    products in flight) and dS of the CTA's keys in shared memory once both halves are there."""
     st_layout: gl.constexpr = _warpgroup_acc(HALF_M)  # S^T, dP^T: [64 keys, 64 query rows]
-    kv_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)  # dK, dV: [64 keys, head dim]
-    dq_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM // 2)  # a half of dQ's columns: [64 query rows, D / 2]
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
-    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, CAUSAL)
-    key0 = n0 + HALF * HALF_M
-    keys = key0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, st_layout))
-    diag = seqlen_k - seqlen_q
     k_rows = k_smem.slice(HALF * HALF_M, HALF_M)
     v_rows = v_smem.slice(HALF * HALF_M, HALF_M)
-    k_cols = k_smem.slice(HALF * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
-    dk = gl.zeros([HALF_M, HEAD_DIM], gl.float32, kv_layout)
-    dv = gl.zeros([HALF_M, HEAD_DIM], gl.float32, kv_layout)
+    zeros = gl.zeros([HALF_M, HALF_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_rows, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_rows, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+    keys = key0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, st_layout))
+    st = _masked_scores(st, keys, key0, m0, seqlen_k, diag, row_layout, HALF_M, CAUSAL)
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse_bufs.index(s).load(row_layout), 0))
+    # dV's product runs while dS is computed.
+    dv = warpgroup_mma(gl.convert_layout(pt.to(k_smem.dtype), op_layout), do, dv, is_async=True)
+    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))
+    # dS carries the softmax scale: dK = dS^T Q and dQ = dS K come out scaled.
+    dst = (pt * (dpt - gl.expand_dims(delta_bufs.index(s).load(row_layout), 0)) * sm_scale).to(k_smem.dtype)
+    # dK's product runs while dS is shared with the other warpgroup.
+    dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
+    ds = ds_bufs.index(t % 2)
+    ds.slice(HALF * HALF_M, HALF_M).store(dst)
+    fence_async_shared()
+    mbarrier.arrive(ds_ready, count=1)
+    mbarrier.wait(ds_ready, t & 1)
+    return dk, dv, ds.permute((1, 0))
+
+
+@gluon.jit
+def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, p_ready, ds_ready, dk, dv,
+                             n0, m0, seqlen_k, diag, qk_scale, sm_scale, HALF: gl.constexpr, COLS: gl.constexpr,
+                             CAUSAL: gl.constexpr):
+    """A step of a warpgroup holding half of dK's and dV's columns for all 64 keys of the CTA (head dim 256):
+    S^T and dP^T of its 32 of the block's query rows, P and dS of those rows into the exchange buffers (rows
+    queries), then dV and dK from there, all 64 rows. Each block product computed once (at d256, dK and dV
+    of 64 keys x 256 in one warpgroup would take 256 registers a thread). One buffer each for P and dS: a
+    warpgroup overwrites P only after the other has arrived on this step's dS barrier, its dV product done by
+    then, and dS only after the other has arrived on the next step's P barrier, its dK and dQ products done."""
+    ROWS: gl.constexpr = HALF_M // 2
+    st_layout: gl.constexpr = _warpgroup_acc(ROWS)  # S^T, dP^T: [64 keys, 32 query rows]
+    row_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+    r0: gl.constexpr = HALF * ROWS
+    col0: gl.constexpr = HALF * COLS
+    p_smem = ds_bufs.index(0)
+    ds_smem = ds_bufs.index(1)
+    zeros = gl.zeros([HALF_M, ROWS], gl.float32, st_layout)
+    st = warpgroup_mma(k_smem, q.slice(r0, ROWS).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_smem, do.slice(r0, ROWS).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+    keys = n0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, st_layout))
+    st = _masked_scores(st, keys, n0, m0 + r0, seqlen_k, diag, row_layout, ROWS, CAUSAL)
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse_bufs.index(s).slice(r0, ROWS).load(row_layout), 0))
+    p_smem.slice(r0, ROWS).store(gl.permute(pt.to(k_smem.dtype), (1, 0)))
+    fence_async_shared()
+    mbarrier.arrive(p_ready, count=1)
+    dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+    delta = delta_bufs.index(s).slice(r0, ROWS).load(row_layout)
+    dst = (pt * (dpt - gl.expand_dims(delta, 0)) * sm_scale).to(k_smem.dtype)  # scaled as by_keys' dS
+    mbarrier.wait(p_ready, t & 1)
+    # dV's product runs while dS is stored.
+    dv = warpgroup_mma(p_smem.permute((1, 0)), do.slice(col0, COLS, dim=1), dv, is_async=True)
+    ds_smem.slice(r0, ROWS).store(gl.permute(dst, (1, 0)))
+    fence_async_shared()
+    dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+    mbarrier.arrive(ds_ready, count=1)
+    mbarrier.wait(ds_ready, t & 1)
+    dk = warpgroup_mma(ds_smem.permute((1, 0)), q.slice(col0, COLS, dim=1), dk, is_async=True)
+    return dk, dv, ds_smem
+
+
+@gluon.jit
+def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, qdo_ready,
+                   qdo_free, p_ready, ds_ready, dk_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k,
+                   heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
+                   stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
+                   DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    # BY_COLUMNS (d256, bwd_key_block): both warpgroups on the CTA's 64 keys, each on half of dK's and dV's
+    # columns; else each on 64 of its 128 keys, all columns.
+    BY_COLUMNS: gl.constexpr = KEYS == HALF_M
+    COLS: gl.constexpr = HEAD_DIM // 2 if BY_COLUMNS else HEAD_DIM  # dK's and dV's columns a warpgroup holds
+    CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
+    kv_layout: gl.constexpr = _warpgroup_acc(COLS)  # dK, dV: [64 keys, COLS]
+    dq_layout: gl.constexpr = _warpgroup_acc(DQ_CHUNK)  # a chunk of dQ's columns: [64 query rows, DQ_CHUNK]
+    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS, CAUSAL)
+    key0 = n0 if BY_COLUMNS else n0 + HALF * HALF_M  # the first of the keys whose dK and dV are held here
+    col0: gl.constexpr = HALF * COLS if BY_COLUMNS else 0  # the first of dK's and dV's columns held here
+    diag = seqlen_k - seqlen_q
+    dk = gl.zeros([HALF_M, COLS], gl.float32, kv_layout)
+    dv = gl.zeros([HALF_M, COLS], gl.float32, kv_layout)
     steps_per_head = steps // group
     mbarrier.wait(kv_ready, 0)
     for t in range(steps):
@@ -601,41 +744,34 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
         mbarrier.wait(qdo_ready.index(s), (t // STAGES) & 1)
         q = q_bufs.index(s)
         do = do_bufs.index(s)
-        zeros = gl.zeros([HALF_M, HALF_M], gl.float32, st_layout)
-        st = warpgroup_mma(k_rows, q.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_rows, do.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-        # One branch for both masks (a branch each, or the causal mask on every step: 0.75-0.95x causal).
-        if key0 + HALF_M > seqlen_k or (CAUSAL and m0 + diag < key0 + HALF_M - 1):
-            visible = gl.expand_dims(keys < seqlen_k, 1)
-            if CAUSAL:
-                rows = m0 + gl.arange(0, HALF_M, layout=row_layout)
-                visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(rows + diag, 0))
-            st = gl.where(visible, st, -float("inf"))
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse_bufs.index(s).load(row_layout), 0))
-        # dV's product runs while dS is computed.
-        dv = warpgroup_mma(gl.convert_layout(pt.to(k_smem.dtype), op_layout), do, dv, is_async=True)
-        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))
-        # dS carries the softmax scale: dK = dS^T Q and dQ = dS K come out scaled.
-        dst = (pt * (dpt - gl.expand_dims(delta_bufs.index(s).load(row_layout), 0)) * sm_scale).to(k_smem.dtype)
-        # dK's product runs while dS is shared with the other warpgroup.
-        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q, dk, is_async=True)
-        ds = ds_bufs.index(t % 2)
-        ds.slice(HALF * HALF_M, HALF_M).store(dst)
-        fence_async_shared()
-        mbarrier.arrive(ds_ready, count=1)
-        # Both halves of dS (the other warpgroup's keys too) in shared memory: this half of dQ's columns.
-        mbarrier.wait(ds_ready, t & 1)
-        dq = warpgroup_mma(ds.permute((1, 0)), k_cols, gl.zeros([HALF_M, HEAD_DIM // 2], gl.float32, dq_layout),
-                           use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
-        mbarrier.arrive(qdo_free.index(s), count=1)
-        mbarrier.wait(dq_empty.index(HALF), (t & 1) ^ 1)  # the reducer has read the previous step's
-        dq_smem.index(HALF).store(dq)
-        fence_async_shared()
-        mbarrier.arrive(dq_full.index(HALF), count=1)
-    _store_rows(dk_ptr, dk, b, kvh, key0, seqlen_k, stride_dkb, stride_dks, stride_dkh, HEAD_DIM)
-    _store_rows(dv_ptr, dv, b, kvh, key0, seqlen_k, stride_dvb, stride_dvs, stride_dvh, HEAD_DIM)
+        if BY_COLUMNS:
+            dk, dv, ds = _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+                                                  p_ready, ds_ready, dk, dv, n0, m0, seqlen_k, diag, qk_scale,
+                                                  sm_scale, HALF, COLS, CAUSAL)
+        else:
+            dk, dv, ds = _bwd_products_by_keys(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, ds_ready,
+                                               dk, dv, key0, m0, seqlen_k, diag, qk_scale, sm_scale, HALF, CAUSAL)
+        # dS of all the CTA's keys in shared memory: this warpgroup's half of dQ's columns, a chunk at a time.
+        for c in gl.static_range(CHUNKS):
+            dq = warpgroup_mma(ds, k_smem.slice(HALF * (HEAD_DIM // 2) + c * DQ_CHUNK, DQ_CHUNK, dim=1),
+                               gl.zeros([HALF_M, DQ_CHUNK], gl.float32, dq_layout), use_acc=False, is_async=True)
+            if c == 0:  # dV's and dK's products are done too: q and dO are free
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                if BY_COLUMNS:
+                    mbarrier.arrive(dk_done, count=1)
+                else:
+                    mbarrier.arrive(qdo_free.index(s), count=1)
+            else:
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            if not BY_COLUMNS:
+                mbarrier.wait(dq_empty.index(HALF), ((t * CHUNKS + c) & 1) ^ 1)  # the reducer has read the last one
+            elif c == 1:
+                mbarrier.wait(dk_done, t & 1)
+            _dq_staging(staging, s, c, DQ_CHUNK).index(HALF).store(dq)
+            fence_async_shared()
+            mbarrier.arrive(dq_full.index((s * CHUNKS + c) * 2 + HALF), count=1)
+    _store_rows(dk_ptr + col0, dk, b, kvh, key0, seqlen_k, stride_dkb, stride_dks, stride_dkh, COLS)
+    _store_rows(dv_ptr + col0, dv, b, kvh, key0, seqlen_k, stride_dvb, stride_dvs, stride_dvh, COLS)
 
 
 @fast_launch
@@ -643,54 +779,68 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
 def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                              seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_lb, stride_lh,
                              stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                             HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
+                             STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
+    BY_COLUMNS: gl.constexpr = KEYS == HALF_M
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [BWD_KEY_BLOCK, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BWD_KEY_BLOCK, HEAD_DIM], v_desc.layout)
-    # dS^T of a step, both warpgroups' keys; two, so that a warpgroup writes the next step's while the other
-    # may still read this one's.
-    ds_bufs = gl.allocate_shared_memory(dtype, [2, BWD_KEY_BLOCK, HALF_M],
-                                        gl.NVMMASharedLayout.get_default_for([BWD_KEY_BLOCK, HALF_M], dtype))
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, HALF_M, HEAD_DIM // 2], dq_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], v_desc.layout)
+    # By keys: dS^T of a step, all the CTA's keys; two, so that a warpgroup writes the next step's while the
+    # other may still read this one's. By columns (KEYS 64): the step's P and dS, rows queries.
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, HALF_M],
+                                        gl.NVMMASharedLayout.get_default_for([KEYS, HALF_M], dtype))
+    if BY_COLUMNS:  # dQ staged in the step's dO and q buffers (_dq_staging)
+        staging = (do_bufs, q_bufs)
+    else:
+        staging = (gl.allocate_shared_memory(gl.float32, [2, HALF_M, DQ_CHUNK], dq_desc.layout),)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dk_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # A staged dQ tile's barrier per stage, chunk and warpgroup: at d256 the consumers run up to a step ahead
+    # of the reducer (a barrier of their own, its phases would alias).
+    CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
+    dq_full = gl.allocate_shared_memory(gl.int64, [STAGES * CHUNKS * 2, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
+    mbarrier.init(p_ready, count=2)
     mbarrier.init(ds_ready, count=2)
+    mbarrier.init(dk_done, count=2)
     for s in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(s), count=2)  # the q and dO tiles' bytes, the LSE and delta stored
-        mbarrier.init(qdo_free.index(s), count=2)
+        # Freed by both consumers, or at d256 by the reducer once dQ's staging there has been read.
+        mbarrier.init(qdo_free.index(s), count=1 if BY_COLUMNS else 2)
     for half in gl.static_range(2):
-        mbarrier.init(dq_full.index(half), count=1)
         mbarrier.init(dq_empty.index(half), count=1)
+    for i in gl.static_range(STAGES * CHUNKS * 2):
+        mbarrier.init(dq_full.index(i), count=1)
     gl.warp_specialize([
-        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_ready,
-                          qdo_ready, qdo_free, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k,
-                          heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
-                          stride_dvs, stride_dvh, 0, HEAD_DIM, STAGES, CAUSAL)),
-        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, dq_smem, kv_ready,
-                          qdo_ready, qdo_free, ds_ready, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k,
-                          heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
-                          stride_dvs, stride_dvh, 1, HEAD_DIM, STAGES, CAUSAL)),
+        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
+                          qdo_ready, qdo_free, p_ready, ds_ready, dk_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
+                          seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
+                          stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
+                          qdo_ready, qdo_free, p_ready, ds_ready, dk_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
+                          seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
+                          stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
         (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                                kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                               stride_lb, stride_lh, HEAD_DIM, STAGES, CAUSAL)),
-        (_bwd_reduce_partition, (dq_desc, dq_smem, dq_full, dq_empty, seqlen_q, seqlen_k, heads_kv, group, HEAD_DIM,
-                                 CAUSAL)),
+                               stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES, CAUSAL)),
+        (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
+                                 heads_kv, group, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
     ], [4, 1, 1], [240, 24, 24])
 
 
 def supports_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, causal: bool,
                       window: int | None, packed: bool) -> bool:
-    """Whether backward_ws runs the problem: the forward's conditions, at head dims 64 and 128."""
+    """Whether backward_ws runs the problem: the forward's conditions (head dims 64, 128 and 256)."""
     return q.shape[-1] in BWD_HEAD_DIMS and _serves((q, k, v, grad_out), causal, window, packed)
 
 
@@ -703,7 +853,8 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     cast): its bits may differ run to run. Check `supports_backward` first."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    grid = (cdiv(Sk, BWD_KEY_BLOCK.value), B * Hkv)
+    keys, dq_chunk = bwd_key_block(D), bwd_dq_chunk(D)
+    grid = (cdiv(Sk, keys), B * Hkv)
     if Sq == 0:  # no query: no gradient
         dk.zero_()
         dv.zero_()
@@ -712,10 +863,10 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     if grid[0] * grid[1] > 0:
         bind_context(q.device)
         _attention_bwd_ws_kernel[grid](
-            _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), BWD_KEY_BLOCK.value, D),
-            _descriptor(_rows_view(v), BWD_KEY_BLOCK.value, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
-            _descriptor(_rows_view(dq_acc), HALF_M.value, D // 2), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
+            _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), keys, D),
+            _descriptor(_rows_view(v), keys, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
+            _descriptor(_rows_view(dq_acc), HALF_M.value, dq_chunk), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
             qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
-            HEAD_DIM=D, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,
+            HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,
         )
     dq.copy_(dq_acc)

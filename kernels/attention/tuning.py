@@ -8,9 +8,9 @@ TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (k
 tensors without a [rows, heads x head dim] view fall back to pointers). WS 1: that pass runs on its
 warp-specialized Gluon kernel (hopper_ws.py) wherever it serves the problem: the forward and the dQ pass on
 128-row query blocks on two consumer warpgroups (the forward 128 keys a stage, 64 at d256; the dQ pass 64),
-and in the dK/dV buckets the fused backward (128 keys a CTA, dQ by TMA reductions: no dQ pass runs, and the
-bwd_q bucket goes unused; d64 and d128). The bucket's other knobs are the Triton kernel's, which runs the
-rest (packed, windowed, MLA problems; dQ and the backward at d256; `deterministic`). DQ_ATOMIC, in the
+and in the dK/dV buckets the fused backward (128 keys a CTA, 64 at d256; dQ by TMA reductions: no dQ pass
+runs, and the bwd_q bucket goes unused). The bucket's other knobs are the Triton kernel's, which runs the
+rest (packed, windowed, MLA problems; the dQ pass at d256; `deterministic`). DQ_ATOMIC, in the
 dK/dV buckets only, 1: the Triton dK/dV pass also adds dQ atomically into an fp32 buffer and the dQ pass
 does not run (5 block matmuls per step of the backward instead of 7, at the cost of fp32 atomics and
 bit-exact repeats; the bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
@@ -24,8 +24,9 @@ preset campaign (BLOCK_N 64, +5.2% step); the d256 forward and dQ (4 warps, TMA:
 the d64 dK/dV pass (64x64, TMA, DQ_ATOMIC: +17.3%) by halving searches. TMA and DQ_ATOMIC stay off
 where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85-0.89x). WS (2026-11-25,
 benchmarks/attention_ab.py): the forward on at every head dim (1.25-1.6x the Triton forward), the dQ pass
-at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backward at d128 and d64 (the
-backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at d64).
+at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backward at every head dim (the
+backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at d64, 1.6-1.9x the Triton
+two-pass one at d256).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 1, "HEAD_DIM": 256},
     "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "WS": 1, "HEAD_DIM": 64},
     "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 128},
-    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "WS": 0, "HEAD_DIM": 256},
+    "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 256},
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
