@@ -491,10 +491,10 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # At d256 (bwd_key_block) a CTA owns 64 keys and each warpgroup half of dK's and dV's columns for all of them
 # (by columns): each computes S^T and dP^T for 32 of the block's 64 query rows, P and dS go through shared memory
 # to both, and dQ's staging, for which shared memory has no room of its own there, goes into the step's dO and q
-# buffers once no product reads them, the reducer handing the stage back to the producer (214 KB). Staged in a
-# [64, 32] tile a warpgroup, dQ's handoffs to the reducer held the d256 backward to 0.74x cuDNN non-causal
-# (0.63x causal; S^T and dP^T computed by both warpgroups, 0.69x): without the reductions it ran 1.05x, with
-# neither reductions nor staging 1.7x (H100, scratch variants, 2026-11-25).
+# buffers once no product reads them, the reducer handing the stage back to the producer (214 KB): 1.06-1.09x
+# cuDNN non-causal, 0.86-0.90x causal (H100). Staged in a [64, 32] tile a warpgroup, handed to the reducer and
+# back four times a step, dQ held it to 0.74x / 0.66x (1.05x without the reductions, 1.7x without staging);
+# both warpgroups computing all of S^T and dP^T, to 0.69x / 0.63x (docs/performance.md, 2026-11-25).
 
 BWD_STAGES = 2  # q and dO blocks in flight: 198 KB at d128 with K, V, dS and dQ's staging (3: 140 B spilled)
 BWD_HEAD_DIMS = (64, 128, 256)
@@ -549,7 +549,7 @@ def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS: gl.constexpr, CAUSAL: g
     """The CTA's key block and (batch, kv head), and its walk: query blocks [m_first, m_blocks) of each of the
     group's q heads (causal: from the first block whose last row sees the block's first key). A head's key
     blocks are launched side by side, sharing its q and dO in L2 (the heads side by side instead, causal walks
-    longest first: 0.93x non-causal, 0.88x at d64, 1.08x on llama3-8b; H100)."""
+    longest first: 0.93x non-causal, 0.88x at d64, 0.91x at d256 causal, 1.08x on llama3-8b; H100)."""
     n0 = gl.program_id(0) * KEYS
     bh = gl.program_id(1)
     b = bh // heads_kv
@@ -765,7 +765,7 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             if not BY_COLUMNS:
                 mbarrier.wait(dq_empty.index(HALF), ((t * CHUNKS + c) & 1) ^ 1)  # the reducer has read the last one
-            elif c == 1:
+            elif c == 1:  # chunk 1 goes into q's buffer (_dq_staging)
                 mbarrier.wait(dk_done, t & 1)
             _dq_staging(staging, s, c, DQ_CHUNK).index(HALF).store(dq)
             fence_async_shared()
