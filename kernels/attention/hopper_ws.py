@@ -491,8 +491,9 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # At d256 (bwd_key_block) a CTA owns 64 keys and each warpgroup half of dK's and dV's columns for all of them
 # (by columns): each computes S^T and dP^T for 32 of the block's 64 query rows, P and dS go through shared memory
 # to both, and dQ's staging, for which shared memory has no room of its own there, goes into the step's dO and q
-# buffers once no product reads them, the reducer handing the stage back to the producer (214 KB): 1.06-1.09x
-# cuDNN non-causal, 0.86-0.90x causal (H100). Staged in a [64, 32] tile a warpgroup, handed to the reducer and
+# buffers once no product reads them, the reducer handing the stage back to the producer (222 KB, P in two
+# buffers so that dV's product need not finish before dS is shared: 1.02-1.05x causal): 1.06x cuDNN non-causal,
+# 0.92x causal (H100). Staged in a [64, 32] tile a warpgroup, handed to the reducer and
 # back four times a step, dQ held it to 0.74x / 0.66x (1.05x without the reductions, 1.7x without staging);
 # both warpgroups computing all of S^T and dP^T, to 0.69x / 0.63x (docs/performance.md, 2026-11-25).
 
@@ -533,9 +534,9 @@ def _reinterpret(smem, dtype, shape, layout, _semantic=None):
 def _dq_staging(staging, s, C: gl.constexpr, DQ_CHUNK: gl.constexpr):
     """The two warpgroups' [64, DQ_CHUNK] fp32 tiles that stage chunk C of step s's dQ: by keys, staging is
     (the tiles,), reused every chunk; by columns (d256, where shared memory has no room of their own for
-    them), it is (dO's stages, q's stages), and chunk 0 goes into the step's dO buffer (no product reads dO
-    once both dV products are done), chunk 1 into its q buffer (once both dK products are): the stage goes
-    back to the producer when the reducer has read them."""
+    them), it is (dO's stages, q's stages): chunk 0 goes into the step's dO buffer and chunk 1 into its q
+    buffer once both warpgroups' dV and dK products, their last readers, are done, and the stage goes back
+    to the producer when the reducer has read them."""
     if len(staging) == 1:
         tiles = staging[0]
     else:  # in the layout of dQ's TMA descriptor (_descriptor)
@@ -682,16 +683,17 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
     """A step of a warpgroup holding half of dK's and dV's columns for all 64 keys of the CTA (head dim 256):
     S^T and dP^T of its 32 of the block's query rows, P and dS of those rows into the exchange buffers (rows
     queries), then dV and dK from there, all 64 rows. Each block product computed once (at d256, dK and dV
-    of 64 keys x 256 in one warpgroup would take 256 registers a thread). One buffer each for P and dS: a
-    warpgroup overwrites P only after the other has arrived on this step's dS barrier, its dV product done by
-    then, and dS only after the other has arrived on the next step's P barrier, its dK and dQ products done."""
+    of 64 keys x 256 in one warpgroup would take 256 registers a thread). P has two buffers, one a step, so
+    that a warpgroup writes the next step's while the other's dV product may still read this one's; dS one:
+    a warpgroup overwrites it only after the other has arrived on the next step's P barrier, its dK and dQ
+    products done."""
     ROWS: gl.constexpr = HALF_M // 2
     st_layout: gl.constexpr = _warpgroup_acc(ROWS)  # S^T, dP^T: [64 keys, 32 query rows]
     row_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     r0: gl.constexpr = HALF * ROWS
     col0: gl.constexpr = HALF * COLS
-    p_smem = ds_bufs.index(0)
-    ds_smem = ds_bufs.index(1)
+    p_smem = ds_bufs.index(t % 2)
+    ds_smem = ds_bufs.index(2)
     zeros = gl.zeros([HALF_M, ROWS], gl.float32, st_layout)
     st = warpgroup_mma(k_smem, q.slice(r0, ROWS).permute((1, 0)), zeros, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_smem, do.slice(r0, ROWS).permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -706,11 +708,10 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
     delta = delta_bufs.index(s).slice(r0, ROWS).load(row_layout)
     dst = (pt * (dpt - gl.expand_dims(delta, 0)) * sm_scale).to(k_smem.dtype)  # scaled as by_keys' dS
     mbarrier.wait(p_ready, t & 1)
-    # dV's product runs while dS is stored.
+    # dV's product runs while dS is stored and shared.
     dv = warpgroup_mma(p_smem.permute((1, 0)), do.slice(col0, COLS, dim=1), dv, is_async=True)
     ds_smem.slice(r0, ROWS).store(gl.permute(dst, (1, 0)))
     fence_async_shared()
-    dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
     mbarrier.arrive(ds_ready, count=1)
     mbarrier.wait(ds_ready, t & 1)
     dk = warpgroup_mma(ds_smem.permute((1, 0)), q.slice(col0, COLS, dim=1), dk, is_async=True)
@@ -719,9 +720,9 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
 
 @gluon.jit
 def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, qdo_ready,
-                   qdo_free, p_ready, ds_ready, dk_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q, seqlen_k,
-                   heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
-                   stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
+                   qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
+                   seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                   stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
                    DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     # BY_COLUMNS (d256, bwd_key_block): both warpgroups on the CTA's 64 keys, each on half of dK's and dV's
     # columns; else each on 64 of its 128 keys, all columns.
@@ -758,15 +759,15 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
             if c == 0:  # dV's and dK's products are done too: q and dO are free
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
                 if BY_COLUMNS:
-                    mbarrier.arrive(dk_done, count=1)
+                    mbarrier.arrive(products_done, count=1)
                 else:
                     mbarrier.arrive(qdo_free.index(s), count=1)
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             if not BY_COLUMNS:
                 mbarrier.wait(dq_empty.index(HALF), ((t * CHUNKS + c) & 1) ^ 1)  # the reducer has read the last one
-            elif c == 1:  # chunk 1 goes into q's buffer (_dq_staging)
-                mbarrier.wait(dk_done, t & 1)
+            elif c == 0:  # into the step's dO and q buffers once neither warpgroup's products read them
+                mbarrier.wait(products_done, t & 1)
             _dq_staging(staging, s, c, DQ_CHUNK).index(HALF).store(dq)
             fence_async_shared()
             mbarrier.arrive(dq_full.index((s * CHUNKS + c) * 2 + HALF), count=1)
@@ -788,8 +789,8 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     k_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], v_desc.layout)
     # By keys: dS^T of a step, all the CTA's keys; two, so that a warpgroup writes the next step's while the
-    # other may still read this one's. By columns (KEYS 64): the step's P and dS, rows queries.
-    ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, HALF_M],
+    # other may still read this one's. By columns (KEYS 64): two steps' P and a step's dS, rows queries.
+    ds_bufs = gl.allocate_shared_memory(dtype, [3 if BY_COLUMNS else 2, KEYS, HALF_M],
                                         gl.NVMMASharedLayout.get_default_for([KEYS, HALF_M], dtype))
     if BY_COLUMNS:  # dQ staged in the step's dO and q buffers (_dq_staging)
         staging = (do_bufs, q_bufs)
@@ -801,7 +802,7 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    dk_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    products_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     # A staged dQ tile's barrier per stage, chunk and warpgroup: at d256 the consumers run up to a step ahead
@@ -812,7 +813,7 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     mbarrier.init(kv_ready, count=1)
     mbarrier.init(p_ready, count=2)
     mbarrier.init(ds_ready, count=2)
-    mbarrier.init(dk_done, count=2)
+    mbarrier.init(products_done, count=2)
     for s in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(s), count=2)  # the q and dO tiles' bytes, the LSE and delta stored
         # Freed by both consumers, or at d256 by the reducer once dQ's staging there has been read.
@@ -823,13 +824,13 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(dq_full.index(i), count=1)
     gl.warp_specialize([
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
-                          qdo_ready, qdo_free, p_ready, ds_ready, dk_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
-                          seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
-                          stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+                          qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
+                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks,
+                          stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
-                          qdo_ready, qdo_free, p_ready, ds_ready, dk_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
-                          seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
-                          stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+                          qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
+                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks,
+                          stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
         (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                                kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
                                stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES, CAUSAL)),
