@@ -756,7 +756,7 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
         for c in gl.static_range(CHUNKS):
             dq = warpgroup_mma(ds, k_smem.slice(HALF * (HEAD_DIM // 2) + c * DQ_CHUNK, DQ_CHUNK, dim=1),
                                gl.zeros([HALF_M, DQ_CHUNK], gl.float32, dq_layout), use_acc=False, is_async=True)
-            if c == 0:  # dV's and dK's products are done too: q and dO are free
+            if c == 0:  # dV's and dK's products are done too: this warpgroup reads q and dO no more
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
                 if BY_COLUMNS:
                     mbarrier.arrive(products_done, count=1)
