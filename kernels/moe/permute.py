@@ -7,15 +7,16 @@
 
 Routing on the GPU, no host sync (CUDA-graph safe, nothing specialized on the routing):
 1. `_rank_kernel`: per block of (token, k) pairs in flat order t*topk + k, each pair's rank among the
-   block's earlier pairs of its expert, and the block's count per expert (a one-hot matrix and its
-   cumsum: no atomics, so the order within an expert is the token order).
+   block's earlier pairs of its expert, and the block's count per expert: the block's pairs sorted by
+   (expert, position), then a count along each expert's run (no atomics, so the order within an
+   expert is the token order, and the work does not grow with the number of experts).
 2. `_scan_kernel` (one program): the exclusive scan of those counts over blocks per expert, the
    tokens per expert, their padded sizes (group_lens) and the groups' offsets (group_offs).
 3. `_scatter_rows_kernel`: one program per token computes the rows of its topk copies
-   (group_offs[e] + the block's offset + the rank), writes them to the row map and copies the token:
-   one read of the token, topk writes. More programs of the same launch zero the rows no pair fills
-   (each expert's padding, and the tail past the last group), so a grouped GEMM over the whole
-   capacity reads zeros there.
+   (group_offs[e] + the block's offset + the rank) and writes them to the row map, then copies the
+   token: its row read once (up to 8192 columns at a time) and stored whole to each of its topk rows.
+   More programs of the same launch zero the rows no pair fills (each expert's padding, and the tail
+   past the last group), so a grouped GEMM over the whole capacity reads zeros there.
 
 The output capacity comes from host-known sizes only: T*topk, plus num_experts*(pad_to-1) when
 padded. unpermute (and permute's backward) is `_gather_rows_kernel`, one program per token summing
@@ -39,36 +40,56 @@ ID_DTYPES = (torch.int32, torch.int64)
 PAD_TO = (1, 16, 128)
 # Most (token, k) pairs per program of the rank kernel (see rank_block).
 BLOCK_PAIRS = 1024
-# Elements of one [rows, experts] tile in the rank and scan kernels: 32 registers a thread at 8 warps.
+# Elements of one [blocks, experts] tile of the scan kernel: 32 registers a thread at 8 warps.
 TILE_ELEMENTS = 8192
-# 16-byte accesses: 8 bf16 a thread, 128 threads a program, over 1024 columns of a row at a time.
-BLOCK_H = 1024
-ROW_WARPS = 4
-ZERO_ROWS = 8  # rows a zeroing program writes at a time
+# The scatter holds a token's row, up to 8192 columns, and stores it whole to each of its topk rows: one
+# load for topk stores, 16-byte accesses (8 warps: 32 bf16 a thread). Loading 1024 columns at a time and
+# storing [topk, 1024] tiles moved 2-4% fewer bytes a second (H100, DeepSeek-V3 sizes, 2026-11-25).
+SCATTER_BLOCK_H = 8192
+# The gather (unpermute, permute's backward) and the weighted scatter (unpermute's backward) work on
+# [topk, 1024] tiles on 4 warps: 0.92-1.00x of a copy (docs/performance.md, Q); the weighted scatter
+# 5% slower holding whole rows (its dot products then reduce across the program once per row).
+TILE_BLOCK_H = 1024
+TILE_WARPS = 4
+ZERO_ROWS, ZERO_BLOCK_H = 8, 1024  # the tile a zeroing program writes at a time
 
 
 # --- kernels ----------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _same_expert_count(expert_a, count_a, expert_b, count_b):
+    """Scan operator over pairs sorted by expert: a run of one expert keeps counting, a new one restarts.
+    Associative on sorted input: when two adjacent ranges end on the same expert, the right one holds
+    only that expert."""
+    return expert_b, tl.where(expert_a == expert_b, count_a + count_b, count_b)
+
+
 @fast_launch
 @triton.jit
 def _rank_kernel(ids_ptr, rank_ptr, block_counts_ptr, n_pairs, E,
-                 E_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+                 E_PAD: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
     """rank[i] = how many earlier pairs of i's block have i's expert; block_counts[block, e] = the
-    block's pairs of expert e. Ids outside [0, E) match no column that is stored: those pairs count
-    nowhere (the scatter kernel drops them)."""
+    block's pairs of expert e. The block's pairs are sorted by (expert, position) as one key, and a
+    scan along each expert's run counts them from both ends: the forward count less one is the rank,
+    and where it is 1 (the run's first pair) both counts together give the run's length. Ids outside
+    [0, E) sort as expert E, whose count is never stored (the scatter kernel drops those pairs)."""
     block = tl.program_id(0)
+    local = tl.arange(0, BLOCK_PAIRS)
+    pairs = block * BLOCK_PAIRS + local
+    e = tl.load(ids_ptr + pairs, mask=pairs < n_pairs, other=-1)
+    e = tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
+    key = tl.sort(e * BLOCK_PAIRS + local)  # unique keys: the sort is stable by construction
+    expert = key // BLOCK_PAIRS
+    pair = block * BLOCK_PAIRS + key % BLOCK_PAIRS
+    ones = tl.full((BLOCK_PAIRS,), 1, tl.int32)
+    _, upto = tl.associative_scan((expert, ones), 0, _same_expert_count)
+    _, onwards = tl.associative_scan((expert, ones), 0, _same_expert_count, reverse=True)
+    tl.store(rank_ptr + pair, upto - 1, mask=pair < n_pairs)
     experts = tl.arange(0, E_PAD)
-    seen = tl.zeros((E_PAD,), dtype=tl.int32)  # pairs of each expert in the chunks before this one
-    for c0 in range(0, BLOCK_PAIRS, CHUNK):
-        pairs = block * BLOCK_PAIRS + c0 + tl.arange(0, CHUNK)
-        mask = pairs < n_pairs
-        e = tl.load(ids_ptr + pairs, mask=mask, other=-1)
-        onehot = (e[:, None] == experts[None, :]).to(tl.int32)
-        before = tl.cumsum(onehot, axis=0) - onehot + seen[None, :]
-        tl.store(rank_ptr + pairs, tl.sum(onehot * before, axis=1), mask=mask)
-        seen += tl.sum(onehot, axis=0)
-    tl.store(block_counts_ptr + block * E + experts, seen, mask=experts < E)
+    tl.store(block_counts_ptr + block * E + experts, tl.zeros((E_PAD,), tl.int32), mask=experts < E)
+    tl.debug_barrier()  # the zeros land before the counts of the experts the block has
+    tl.store(block_counts_ptr + block * E + expert, upto + onwards - 1, mask=(upto == 1) & (expert < E))
 
 
 @fast_launch
@@ -134,38 +155,54 @@ def _scatter_token(
         tl.store(w_out_ptr + row, w, mask=valid)
     if SOURCES:
         tl.store(sources_ptr + row, tl.full((K_PAD,), 0, tl.int32) + t.to(tl.int32), mask=valid)
-    dot = tl.zeros((K_PAD,), dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        h_mask = cols < H
-        mask = valid[:, None] & h_mask[None, :]
-        x = tl.load(x_ptr + t * stride_x + cols, mask=h_mask, other=0.0)
-        if STORE:
-            if WEIGHT:
-                val = w.to(tl.float32)[:, None] * x.to(tl.float32)[None, :]
-            else:
+    if WEIGHT or DOT:  # unpermute's backward: [topk, BLOCK_H] tiles, the dot products reduced along rows
+        dot = tl.zeros((K_PAD,), dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            h_mask = cols < H
+            mask = valid[:, None] & h_mask[None, :]
+            x = tl.load(x_ptr + t * stride_x + cols, mask=h_mask, other=0.0).to(tl.float32)
+            if STORE:
                 val = tl.broadcast_to(x[None, :], (K_PAD, BLOCK_H))
-            tl.store(out_ptr + row[:, None] * stride_out + cols[None, :], val.to(out_ptr.dtype.element_ty),
-                     mask=mask)
+                if WEIGHT:
+                    val = w.to(tl.float32)[:, None] * val
+                tl.store(out_ptr + row[:, None] * stride_out + cols[None, :], val.to(out_ptr.dtype.element_ty),
+                         mask=mask)
+            if DOT:
+                o = tl.load(other_ptr + row[:, None] * stride_other + cols[None, :], mask=mask, other=0.0)
+                dot += tl.sum(o.to(tl.float32) * x[None, :], axis=1)
         if DOT:
-            o = tl.load(other_ptr + row[:, None] * stride_other + cols[None, :], mask=mask, other=0.0)
-            dot += tl.sum(o.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    if DOT:
-        tl.store(dot_ptr + pairs, dot.to(dot_ptr.dtype.element_ty), mask=k_mask)
+            tl.store(dot_ptr + pairs, dot.to(dot_ptr.dtype.element_ty), mask=k_mask)
+    elif STORE:  # permute's copy: the token's row held once (BLOCK_H columns at a time), stored to each row
+        if ROUTE:
+            tl.debug_barrier()  # the rows just stored are read back below, one at a time, by every thread
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            x = tl.load(x_ptr + t * stride_x + cols, mask=cols < H, other=0.0)
+            for k in tl.static_range(K_PAD):
+                # k < K as a tensor, and an address inside the token's pairs either way (an unmasked scalar load)
+                in_token = t * K + k < t * K + K
+                row_k = tl.where(in_token, tl.load(rows_ptr + tl.minimum(t * K + k, t * K + K - 1)), -1)
+                tl.store(out_ptr + row_k.to(tl.int64) * stride_out + cols, x.to(out_ptr.dtype.element_ty),
+                         mask=cols < tl.where(row_k >= 0, H, 0))  # no column of a dropped pair
 
 
 @triton.jit
-def _zero_slack(out_ptr, vec_ptr, counts_ptr, offs_ptr, pid, programs, capacity, H, E, stride_out,
+def _zero_slack(out_ptr, vec_ptr, counts_ptr, offs_ptr, pid, programs, pad_programs, capacity, H, E, stride_out,
                 HAS_VEC: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Zero the rows no pair fills: program e < E its expert's padding [offs[e] + counts[e], offs[e+1]);
-    the programs after them the tail [offs[E], capacity), in a grid-stride loop (the tail's length
+    """Zero the rows no pair fills: pad_programs programs per expert its padding [offs[e] + counts[e],
+    offs[e+1]), ROWS rows each (one program an expert left a tail of up to 2 MB to a program at pad_to
+    128); the programs after them the tail [offs[E], capacity), in a grid-stride loop (the tail's length
     depends on the routing; the grid does not)."""
-    tail = pid >= E
-    e = tl.minimum(pid, E)
+    padding = E * pad_programs
+    tail = pid >= padding
+    per_expert = tl.maximum(pad_programs, 1)
+    e = tl.where(tail, E, pid // per_expert)
     start = tl.load(offs_ptr + e)
-    lo = start + tl.where(tail, (pid - E) * ROWS, tl.load(counts_ptr + tl.minimum(pid, E - 1)))
-    hi = tl.where(tail, capacity, tl.load(offs_ptr + e + 1, mask=pid < E, other=0))
-    step = tl.where(tail, (programs - E) * ROWS, ROWS).to(tl.int64)
+    lo = start + tl.where(tail, (pid - padding) * ROWS,
+                          tl.load(counts_ptr + tl.minimum(e, E - 1)) + (pid % per_expert) * ROWS)
+    hi = tl.where(tail, capacity, tl.minimum(tl.load(offs_ptr + e + 1, mask=e < E, other=0), lo + ROWS))
+    step = tl.where(tail, (programs - padding) * ROWS, ROWS).to(tl.int64)
     for r0 in range(lo, hi, step):
         rows = r0 + tl.arange(0, ROWS)
         r_mask = rows < hi
@@ -183,21 +220,22 @@ def _zero_slack(out_ptr, vec_ptr, counts_ptr, offs_ptr, pid, programs, capacity,
 def _scatter_rows_kernel(
     x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, counts_ptr, block_offs_ptr,
     w_ptr, w_out_ptr, other_ptr, dot_ptr, sources_ptr,
-    T, H, K, E, capacity, stride_x, stride_out, stride_other,
+    T, H, K, E, capacity, zero_programs, pad_programs, stride_x, stride_out, stride_other,
     ROUTE: tl.constexpr, STORE: tl.constexpr, WEIGHT: tl.constexpr, SCATTER_W: tl.constexpr,
     DOT: tl.constexpr, SOURCES: tl.constexpr, BLOCK_PAIRS: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
-    ZERO_ROWS: tl.constexpr,
+    ZERO_ROWS: tl.constexpr, ZERO_BLOCK_H: tl.constexpr,
 ):
-    """Programs [0, T): one token each (_scatter_token). STORE: the programs after them zero the rows of
-    out (and w_out) that no pair fills (_zero_slack), in the same launch."""
+    """STORE: the first zero_programs programs zero the rows of out (and w_out) that no pair fills
+    (_zero_slack; first, so that they leave no tail behind the tokens); the T programs after them one
+    token each (_scatter_token)."""
     pid = tl.program_id(0)
-    if pid < T:
-        _scatter_token(pid, x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, block_offs_ptr, w_ptr, w_out_ptr,
-                       other_ptr, dot_ptr, sources_ptr, H, K, E, stride_x, stride_out, stride_other,
+    if pid >= zero_programs:
+        _scatter_token(pid - zero_programs, x_ptr, out_ptr, rows_ptr, ids_ptr, rank_ptr, offs_ptr, block_offs_ptr,
+                       w_ptr, w_out_ptr, other_ptr, dot_ptr, sources_ptr, H, K, E, stride_x, stride_out, stride_other,
                        ROUTE, STORE, WEIGHT, SCATTER_W, DOT, SOURCES, BLOCK_PAIRS, K_PAD, BLOCK_H)
     else:
-        _zero_slack(out_ptr, w_out_ptr, counts_ptr, offs_ptr, pid - T, tl.num_programs(0) - T, capacity, H, E,
-                    stride_out, SCATTER_W, ZERO_ROWS, BLOCK_H)
+        _zero_slack(out_ptr, w_out_ptr, counts_ptr, offs_ptr, pid, zero_programs, pad_programs, capacity, H, E,
+                    stride_out, SCATTER_W, ZERO_ROWS, ZERO_BLOCK_H)
 
 
 @fast_launch
@@ -250,8 +288,8 @@ class RowMap:
         return self.capacity - self.rows.numel()
 
 
-def _block_h(H: int) -> int:
-    return min(BLOCK_H, triton.next_power_of_2(max(H, 1)))
+def _block_h(H: int, most: int) -> int:
+    return min(most, triton.next_power_of_2(max(H, 1)))
 
 
 def rank_block(n_pairs: int) -> int:
@@ -274,16 +312,15 @@ def route_and_scatter(
     block_pairs = rank_block(n_pairs)
     n_blocks = cdiv(n_pairs, block_pairs)
     e_pad = triton.next_power_of_2(E)
-    rows = torch.empty((T, K), dtype=torch.int32, device=device)
-    ranks = torch.empty_like(rows)
-    block_counts = torch.empty((n_blocks, E), dtype=torch.int32, device=device)
-    block_offs = torch.empty_like(block_counts)
-    counts = torch.empty(E, dtype=torch.int64, device=device)
-    group_lens = torch.empty(E, dtype=torch.int64, device=device)
-    group_offs = torch.empty(E + 1, dtype=torch.int64, device=device)
+    # One allocation per integer type, cut into the kernels' buffers: each allocation costs host time,
+    # which the launches of a small batch do not hide.
+    rows, ranks, block_counts, block_offs = torch.empty(
+        2 * (n_pairs + n_blocks * E), dtype=torch.int32, device=device).split(
+        (n_pairs, n_pairs, n_blocks * E, n_blocks * E))
+    rows = rows.view(T, K)
+    counts, group_lens, group_offs = torch.empty(3 * E + 1, dtype=torch.int64, device=device).split((E, E, E + 1))
     if n_blocks:
-        _rank_kernel[(n_blocks,)](ids, ranks, block_counts, n_pairs, E, E_PAD=e_pad,
-                                  CHUNK=max(1, min(block_pairs, TILE_ELEMENTS // e_pad)), BLOCK_PAIRS=block_pairs,
+        _rank_kernel[(n_blocks,)](ids, ranks, block_counts, n_pairs, E, E_PAD=e_pad, BLOCK_PAIRS=block_pairs,
                                   num_warps=8)
     _scan_kernel[(1,)](block_counts, block_offs, counts, group_lens, group_offs, n_blocks, E, pad_to,
                        E_PAD=e_pad, BLOCK_B=max(1, TILE_ELEMENTS // e_pad), num_warps=8)
@@ -304,9 +341,10 @@ def _scatter(
     T, K = row_map.rows.shape
     E, H = row_map.counts.numel(), 0 if x is None else x.shape[1]
     x = row_map.rows if x is None else x  # a placeholder pointer: nothing reads it without H
-    # Zeroing programs: one per expert's padding, and enough for all the padding a valid routing can
-    # leave at the tail (one at least, for the rows that dropped pairs leave).
-    zero_programs = E + max(1, cdiv(row_map.slack, ZERO_ROWS)) if out is not None else 0
+    # Zeroing programs: enough for each expert's padding (pad_to - 1 rows at most), and for all the padding
+    # a valid routing can leave at the tail (one at least, for the rows that dropped pairs leave).
+    pad_programs = cdiv(row_map.slack // E, ZERO_ROWS)
+    zero_programs = E * pad_programs + max(1, cdiv(row_map.slack, ZERO_ROWS)) if out is not None else 0
     if T + zero_programs == 0:
         return
 
@@ -314,13 +352,18 @@ def _scatter(
         return t if t is not None else x
 
     ids, ranks, block_offs, block_pairs = route or (x, x, x, 1)
+    weighted = weights is not None and w_out is None
+    tiles = weighted or dot is not None  # [topk, BLOCK_H] tiles (_scatter_token)
+    block_h = _block_h(H, TILE_BLOCK_H if tiles else SCATTER_BLOCK_H)
     _scatter_rows_kernel[(T + zero_programs,)](
         x, ptr(out), row_map.rows, ids, ranks, row_map.group_offs, row_map.counts, block_offs,
         ptr(weights), ptr(w_out), ptr(other), ptr(dot), ptr(sources),
-        T, H, K, E, row_map.capacity, x.stride(0), ptr(out).stride(0), ptr(other).stride(0),
-        ROUTE=route is not None, STORE=out is not None, WEIGHT=weights is not None and w_out is None,
+        T, H, K, E, row_map.capacity, zero_programs, pad_programs,
+        x.stride(0), ptr(out).stride(0), ptr(other).stride(0),
+        ROUTE=route is not None, STORE=out is not None, WEIGHT=weighted,
         SCATTER_W=w_out is not None, DOT=dot is not None, SOURCES=sources is not None, BLOCK_PAIRS=block_pairs,
-        K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H), ZERO_ROWS=ZERO_ROWS, num_warps=ROW_WARPS,
+        K_PAD=triton.next_power_of_2(K), BLOCK_H=block_h, ZERO_ROWS=ZERO_ROWS, ZERO_BLOCK_H=ZERO_BLOCK_H,
+        num_warps=TILE_WARPS if tiles else max(1, min(8, block_h // 256)),  # 8 columns a thread at least
     )
 
 
@@ -341,7 +384,7 @@ def gather_rows(src: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor | N
             src, out, rows, weights if weights is not None else src, vec if vec is not None else src,
             vec_out if vec_out is not None else src, H, K, src.stride(0), out.stride(0),
             WEIGHT=weights is not None, GATHER_VEC=vec is not None,
-            K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H), num_warps=ROW_WARPS,
+            K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H, TILE_BLOCK_H), num_warps=TILE_WARPS,
         )
     return out
 
