@@ -9,18 +9,21 @@ interleaved round by round; a copy of the same bytes with CUDA events.
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import sys
 
 import torch
 
-import kernels.moe.permute as permute_module
 from harness.timing import Timer
 from kernels.moe import capacity_for, permute
 from kernels.moe.permute import scatter_rows
 
 sys.path.insert(0, "benchmarks")
 from moe_ops import HIDDEN, TOPK, skewed_ids
+
+# The module: `kernels.moe.permute` as an attribute is the function the package exports.
+permute_module = importlib.import_module("kernels.moe.permute")
 
 BLOCK_WIDTHS = (1024, 2048, 4096, 8192)  # SCATTER_BLOCK_H
 

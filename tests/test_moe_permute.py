@@ -1,6 +1,7 @@
 """Token permute / unpermute (kernels/moe) against float64 torch references (argsort + index_copy_ /
 index_add_), forward and backward, on skewed, empty and one-token routings; GPU: CUDA-graph replay."""
 
+import importlib
 import math
 
 import pytest
@@ -189,6 +190,35 @@ def test_unpermute_backward_writes_every_row_of_poisoned_buffers(device, half_dt
     p64 = probs.double().requires_grad_()
     reference_unpermute(h64, r.row_map.rows, p64).backward(grad_out.double())
     assert snr_db(grad_h, h64.grad) >= 50 and snr_db(grad_p, p64.grad) >= 50
+
+
+@pytest.mark.parametrize("case", ["hot-top2", "top8"])
+def test_rows_wider_than_a_block_take_several_blocks(case, device, half_dtype, monkeypatch):
+    """Rows of 40 columns through 16-column blocks (the H100's 8192 and 1024 stand for hidden sizes past
+    them): permute's row held block by block, the weighted scatter's and the gather's tiles, the zeroing's,
+    each with a partial last block; into poisoned buffers."""
+    permute_module = importlib.import_module("kernels.moe.permute")  # the package's `permute` is the function
+    for name in ("SCATTER_BLOCK_H", "TILE_BLOCK_H", "ZERO_BLOCK_H"):
+        monkeypatch.setattr(permute_module, name, 16)
+    x, ids, probs, E = make(case, device, half_dtype, seed=5)
+    T, K = ids.shape
+    assert x.shape[1] == 40
+    capacity = capacity_for(T, K, E, 16)
+    permuted = torch.full((capacity, x.shape[1]), math.nan, dtype=x.dtype, device=device)
+    row_map, _ = route_and_scatter(x, ids, probs, E, 16, capacity, permuted,
+                                   torch.empty(capacity, dtype=probs.dtype, device=device))
+    assert torch.equal(permuted.double(), reference_permute(x, ids, probs, E, 16)[0])
+    h = torch.randn_like(permuted)
+    out = unpermute(h, row_map, probs)
+    grad_out = torch.randn_like(x)
+    grad_h = torch.full_like(h, math.nan)
+    grad_p = torch.full_like(probs, math.nan)
+    scatter_rows(grad_out, row_map, probs, grad_h, h, grad_p)
+    h64 = h.double().requires_grad_()
+    p64 = probs.double().requires_grad_()
+    ref = reference_unpermute(h64, row_map.rows, p64)
+    ref.backward(grad_out.double())
+    assert snr_db(out, ref) >= 50 and snr_db(grad_h, h64.grad) >= 50 and snr_db(grad_p, p64.grad) >= 50
 
 
 @pytest.mark.parametrize("pad_to", [1, 128])
