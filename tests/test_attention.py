@@ -486,6 +486,17 @@ def test_bf16_on_gpu(case):
     assert_close(got, reference(q, k, v, g, causal, window), torch.bfloat16)
 
 
+def test_causal_launches_put_heads_side_by_side_within_the_l2():
+    """hopper_ws.heads_together: a head at a time without a causal mask; causal, as many heads as share
+    CAUSAL_SHARED_BYTES (one at least), and one for the fused backward's heads past FUSED_BWD_HEAD_BYTES."""
+    budget, largest = hopper_ws.CAUSAL_SHARED_BYTES, hopper_ws.FUSED_BWD_HEAD_BYTES
+    assert hopper_ws.heads_together(False, 1024) == 1
+    assert hopper_ws.heads_together(True, 4 * 2**20) == budget // (4 * 2**20) > 1
+    assert hopper_ws.heads_together(True, 2 * budget) == 1 and hopper_ws.heads_together(True, 0) == budget
+    assert hopper_ws.heads_together(True, largest, largest) == budget // largest
+    assert hopper_ws.heads_together(True, largest + 1, largest) == 1
+
+
 def test_warp_specialized_knob(device):
     """WS, a knob of every pass's buckets (dK/dV's: the fused backward): `fits` keeps it to the head dims
     the Gluon kernels serve; where they cannot run (the interpreter, packed problems, a window, Sq > Sk
@@ -586,6 +597,29 @@ def test_warp_specialized_backward_on_gpu(case, fused):
         got, want = got[:1], want[:1]
     for name, have, ref in zip(("dq", "dk", "dv")[:len(got)], got, want, strict=True):
         assert snr_db(have, ref) >= snr_threshold(dtype_name(dtype)), (name, snr_db(have, ref))
+
+
+@pytest.mark.gpu
+def test_warp_specialized_causal_heads_side_by_side_on_gpu(monkeypatch):
+    """Causal launches run their heads in groups side by side (hopper_ws._heads_side_by_side): with groups of 3
+    (8 q heads: 3, 3, 2; 4 kv heads: 3, 1), every tile of the forward, the dQ pass and the fused backward is
+    computed once, into poisoned buffers, against float64."""
+    monkeypatch.setattr(hopper_ws, "heads_together", lambda causal, *_bytes: 3 if causal else 1)
+    q, k, v, g = make(2, 300, 300, 4, 2, 128, 128, torch.bfloat16, "cuda")
+    scales = (kernel_module.LOG2E / math.sqrt(128), 1 / math.sqrt(128))
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((2, 4, 300), math.nan, device="cuda")
+    hopper_ws.forward_ws(q, k, v, out, lse, True, scales[0])
+    want_out, *want = reference(q, k, v, g, True)
+    assert snr_db(out, want_out) >= snr_threshold("bf16")
+    lse = reference_lse(q, k, True).float()
+    delta = (want_out * g.double()).sum(-1).transpose(1, 2).float().contiguous()
+    got = [torch.full_like(t, math.nan) for t in (q, k, v)]
+    hopper_ws.backward_ws(q, k, v, g, lse, delta, *got, True, *scales)
+    dq = torch.full_like(q, math.nan)
+    hopper_ws.backward_dq_ws(q, k, v, g, lse, delta, dq, True, *scales)
+    for name, have, ref in zip(("dq", "dk", "dv", "dq pass"), (*got, dq), (*want, want[0]), strict=True):
+        assert snr_db(have, ref) >= snr_threshold("bf16"), (name, snr_db(have, ref))
 
 
 @pytest.mark.gpu

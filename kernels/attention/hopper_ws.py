@@ -74,14 +74,34 @@ def _warpgroup_acc(width):
 
 
 @gluon.jit
-def _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def _heads_side_by_side(heads_together):
+    """(block, head) of this CTA, program_id 0 counting a head's blocks and 1 the (batch, head) pairs, when the
+    grid launches `heads_together` heads at a time side by side, each head's blocks in grid order.
+
+    A causal walk shortens along a head's blocks, and the grid runs them longest first; launched head after
+    head, the last heads' longest walks start last and leave a tail. All heads side by side instead lose the
+    L2's hold on what a head's CTAs share (its K and V in the forward, its q and dO in the backward: 0.88-0.93x;
+    heads_together, below, keeps a group of them within the L2)."""
+    n_blocks = gl.num_programs(0)
+    flat = gl.program_id(1) * n_blocks + gl.program_id(0)  # the launch order: program_id 0 fastest
+    first = flat // (heads_together * n_blocks) * heads_together
+    heads = gl.minimum(gl.num_programs(1) - first, heads_together)
+    within = flat - first * n_blocks
+    return within // heads, first + within % heads
+
+
+@gluon.jit
+def _tile(seqlen_q, seqlen_k, heads_q, group, heads_together, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """The CTA's query block and (batch, q head, kv head), and its key blocks: [0, n_full) with every key
     visible to every row, [n_full, n_blocks) masked (the causal diagonal, the sequence's end). Causal
-    query blocks run longest first (program 0 takes the last block)."""
-    pid_m = gl.program_id(0)
+    query blocks run longest first (a head's program 0 takes its last block), heads_together heads at a
+    time (_heads_side_by_side)."""
     if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
+        block, bh = _heads_side_by_side(heads_together)
+        pid_m = gl.num_programs(0) - 1 - block
+    else:
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
     b = bh // heads_q
     h = bh % heads_q
     m0 = pid_m * BLOCK_M
@@ -97,12 +117,12 @@ def _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N: gl.constexpr, CAUSAL: gl.
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                    k_free, v_free, seqlen_q, seqlen_k, heads_q, group,
+                    k_free, v_free, seqlen_q, seqlen_k, heads_q, group, heads_together,
                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                     WITH_DO: gl.constexpr):
     """The producer of both kernels: the tile's q rows (and with WITH_DO, dO's: the dQ pass) once, then its K
     and V blocks through the ring."""
-    b, h, kvh, m0, _n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    b, h, kvh, m0, _n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, heads_together, BLOCK_N, CAUSAL)
     q_row = b * seqlen_q + m0
     if WITH_DO:
         mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
@@ -189,14 +209,14 @@ def _store_rows(ptr, tile, b, h, first_row, seqlen, stride_b, stride_s, stride_h
 
 @gluon.jit
 def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
-                       seqlen_q, seqlen_k, heads_q, group, qk_scale,
+                       seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                        HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = _warpgroup_acc(BLOCK_N)
     o_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, heads_together, BLOCK_N, CAUSAL)
     rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
     # A finite floor: a block that masks a whole row then leaves its sums as they were (alpha = 1, p = 0).
@@ -254,7 +274,8 @@ def _kv_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAG
 
 @fast_launch
 @gluon.jit
-def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale,
+def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, seqlen_k, heads_q, group,
+                             heads_together, qk_scale,
                              stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                              CAUSAL: gl.constexpr):
@@ -262,13 +283,16 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
     k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free = _kv_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
-                              seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
+                              seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, stride_ob, stride_os,
+                              stride_oh,
                               stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
-                              seqlen_q, seqlen_k, heads_q, group, qk_scale, stride_ob, stride_os, stride_oh,
+                              seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, stride_ob, stride_os,
+                              stride_oh,
                               stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, q_desc, q_smem, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                           k_free, v_free, seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
+                           k_free, v_free, seqlen_q, seqlen_k, heads_q, group, heads_together, HEAD_DIM, BLOCK_N,
+                           STAGES, CAUSAL,
                            False)),
     ], [4, 1], [232, 40])
 
@@ -327,6 +351,23 @@ def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescripto
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
+# Causal launches run heads side by side (_heads_side_by_side) while what their CTAs share (K and V, or q and
+# dO) fits CAUSAL_SHARED_BYTES, about the H100's 50 MB of L2. Measured against a head at a time (H100, 2 x 8k
+# tokens, two calls of 5-7 interleaved rounds): the forward 1.01-1.06x at d128, d64 and d256, the fused
+# backward 1.02-1.05x at d128 and 1.05-1.12x at d64, but 0.94-1.02x at d256 and 0.93-0.98x on llama3-8b's GQA
+# groups, heads of 8 MB of q and dO: the fused backward groups heads of FUSED_BWD_HEAD_BYTES or less.
+CAUSAL_SHARED_BYTES = 48 * 2**20
+FUSED_BWD_HEAD_BYTES = 4 * 2**20
+
+
+def heads_together(causal: bool, shared_bytes_per_head: int, largest_head: int | None = None) -> int:
+    """How many heads a causal launch runs side by side (see CAUSAL_SHARED_BYTES): one where the heads share
+    more than `largest_head` bytes each; non-causal walks are all alike, and run a head at a time."""
+    if not causal or (largest_head is not None and shared_bytes_per_head > largest_head):
+        return 1
+    return max(1, CAUSAL_SHARED_BYTES // max(shared_bytes_per_head, 1))
+
+
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                causal: bool, qk_scale_log2: float, block_n: int | None = None, stages: int | None = None) -> None:
     """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
@@ -342,7 +383,8 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     bind_context(q.device)
     _attention_fwd_ws_kernel[grid](
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
-        _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2,
+        _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv,
+        heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq), qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
@@ -385,14 +427,14 @@ def _ds(j, scores, dp, lse, delta, n_full, rows, diag, seqlen_k, qk_scale, k_buf
 
 @gluon.jit
 def _dq_partition(q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr, delta_ptr,
-                  dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb, stride_lh,
+                  dq_ptr, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, sm_scale, stride_lb, stride_lh,
                   stride_dqb, stride_dqs, stride_dqh,
                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = _warpgroup_acc(BLOCK_N)
     dq_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, BLOCK_N, CAUSAL)
+    b, h, _kvh, m0, n_full, n_blocks = _tile(seqlen_q, seqlen_k, heads_q, group, heads_together, BLOCK_N, CAUSAL)
     rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
     stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
@@ -428,7 +470,7 @@ def _dq_partition(q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_
 @fast_launch
 @gluon.jit
 def _attention_bwd_dq_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, seqlen_q, seqlen_k,
-                                heads_q, group, qk_scale, sm_scale, stride_lb, stride_lh,
+                                heads_q, group, heads_together, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dqb, stride_dqs, stride_dqh,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr):
@@ -437,13 +479,16 @@ def _attention_bwd_dq_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_
     k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free = _kv_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
-                         delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb,
+                         delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, sm_scale,
+                         stride_lb,
                          stride_lh, stride_dqb, stride_dqs, stride_dqh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
-                         delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, qk_scale, sm_scale, stride_lb,
+                         delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, sm_scale,
+                         stride_lb,
                          stride_lh, stride_dqb, stride_dqs, stride_dqh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready,
-                           v_ready, k_free, v_free, seqlen_q, seqlen_k, heads_q, group, HEAD_DIM, BLOCK_N, STAGES,
+                           v_ready, k_free, v_free, seqlen_q, seqlen_k, heads_q, group, heads_together, HEAD_DIM,
+                           BLOCK_N, STAGES,
                            CAUSAL, True)),
     ], [4, 1], [232, 40])
 
@@ -469,7 +514,9 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
     _attention_bwd_dq_ws_kernel[grid](
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
         _descriptor(_rows_view(v), block_n, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
-        lse, delta, dq, Sq, Sk, Hq, Hq // Hkv, qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1),
+        lse, delta, dq, Sq, Sk, Hq, Hq // Hkv,
+        heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq), qk_scale_log2, sm_scale,
+        lse.stride(0), lse.stride(1),
         dq.stride(0), dq.stride(1), dq.stride(2),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
@@ -546,13 +593,18 @@ def _dq_staging(staging, s, C: gl.constexpr, DQ_CHUNK: gl.constexpr):
 
 
 @gluon.jit
-def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
+def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
     """The CTA's key block and (batch, kv head), and its walk: query blocks [m_first, m_blocks) of each of the
-    group's q heads (causal: from the first block whose last row sees the block's first key). A head's key
-    blocks are launched side by side, sharing its q and dO in L2 (the heads side by side instead, causal walks
-    longest first: 0.93x non-causal, 0.88x at d64, 0.91x at d256 causal, 1.08x on llama3-8b; H100)."""
-    n0 = gl.program_id(0) * KEYS
-    bh = gl.program_id(1)
+    group's q heads (causal: from the first block whose last row sees the block's first key, the longest walks
+    first, heads_together heads at a time: _heads_side_by_side). A head's key blocks run side by side, sharing
+    its q and dO in L2 (all heads side by side instead: 0.93x non-causal, 0.88x at d64, 0.91x at d256 causal,
+    1.08x on llama3-8b; H100)."""
+    if CAUSAL:
+        block, bh = _heads_side_by_side(heads_together)
+    else:
+        block = gl.program_id(0)
+        bh = gl.program_id(1)
+    n0 = block * KEYS
     b = bh // heads_kv
     kvh = bh % heads_kv
     m_blocks = gl.cdiv(seqlen_q, HALF_M)
@@ -570,13 +622,14 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 @gluon.jit
 def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                         kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                        heads_together,
                         stride_lb, stride_lh, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr,
                         CAUSAL: gl.constexpr):
     """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring, and beside them
     the block's LSE (in log2 units) and delta, loaded here so that the consumers read them from shared memory
     when they need them (held in their registers across the matmuls, they spilled)."""
     stat_layout: gl.constexpr = gl.BlockedLayout([HALF_M // 32], [32], [1], [0])
-    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS, CAUSAL)
+    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS, CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_smem)
     _tma_load(v_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, v_smem)
@@ -601,14 +654,15 @@ def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem
 
 @gluon.jit
 def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
-                          heads_kv, group, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
+                          heads_kv, group, heads_together, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
+                          DQ_CHUNK: gl.constexpr,
                           STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """dQ's reducer: each step's chunks of dQ's share, staged by the consumers (each a half of the columns,
     DQ_CHUNK at a time), added into the fp32 dQ by TMA reductions; a staging tile is released once the
     reduction has read it (at d256, staged in the step's q and dO buffers, the whole stage)."""
     CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
     BY_COLUMNS: gl.constexpr = KEYS == HALF_M
-    b, kvh, _n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS, CAUSAL)
+    b, kvh, _n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS, CAUSAL)
     steps_per_head = steps // group
     for t in range(steps):
         s = t % STAGES
@@ -721,7 +775,8 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
 @gluon.jit
 def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, qdo_ready,
                    qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
-                   seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                   seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
+                   stride_dvb,
                    stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
                    DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     # BY_COLUMNS (d256, bwd_key_block): both warpgroups on the CTA's 64 keys, each on half of dK's and dV's
@@ -731,7 +786,7 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
     CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
     kv_layout: gl.constexpr = _warpgroup_acc(COLS)  # dK, dV: [64 keys, COLS]
     dq_layout: gl.constexpr = _warpgroup_acc(DQ_CHUNK)  # a chunk of dQ's columns: [64 query rows, DQ_CHUNK]
-    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, KEYS, CAUSAL)
+    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS, CAUSAL)
     key0 = n0 if BY_COLUMNS else n0 + HALF * HALF_M  # the first of the keys whose dK and dV are held here
     col0: gl.constexpr = HALF * COLS if BY_COLUMNS else 0  # the first of dK's and dV's columns held here
     diag = seqlen_k - seqlen_q
@@ -778,7 +833,8 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
 @fast_launch
 @gluon.jit
 def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                             seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_lb, stride_lh,
+                             seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_lb,
+                             stride_lh,
                              stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
                              HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
@@ -825,17 +881,20 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     gl.warp_specialize([
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
-                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks,
+                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
+                          stride_dks,
                           stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
-                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, qk_scale, sm_scale, stride_dkb, stride_dks,
+                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
+                          stride_dks,
                           stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
         (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                                kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
+                               heads_together,
                                stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES, CAUSAL)),
         (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
-                                 heads_kv, group, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+                                 heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
     ], [4, 1, 1], [240, 24, 24])
 
 
@@ -867,6 +926,7 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
             _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), keys, D),
             _descriptor(_rows_view(v), keys, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
             _descriptor(_rows_view(dq_acc), HALF_M.value, dq_chunk), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
+            heads_together(causal, 2 * Sq * D * q.element_size() * Hq // Hkv, FUSED_BWD_HEAD_BYTES),
             qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
             HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,
         )
