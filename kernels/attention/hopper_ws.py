@@ -351,21 +351,21 @@ def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescripto
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
-# Causal launches run heads side by side (_heads_side_by_side) while what their CTAs share (K and V, or q and
-# dO) fits CAUSAL_SHARED_BYTES, about the H100's 50 MB of L2. Measured against a head at a time (H100, 2 x 8k
-# tokens, two calls of 5-7 interleaved rounds): the forward 1.01-1.06x at d128, d64 and d256, the fused
-# backward 1.02-1.05x at d128 and 1.05-1.12x at d64, but 0.94-1.02x at d256 and 0.93-0.98x on llama3-8b's GQA
-# groups, heads of 8 MB of q and dO: the fused backward groups heads of FUSED_BWD_HEAD_BYTES or less.
+# Causal launches run heads side by side (_heads_side_by_side) while what their CTAs share fits a budget of L2
+# (the H100 has 50 MB): K and V per q head for the forward and the dQ pass, q and dO per kv head for the fused
+# backward, whose dQ is summed in fp32 by reductions that land in L2 too. Measured against a head at a time
+# (H100, 2 x 8k tokens, four calls of 5-7 interleaved rounds; identical configurations read 0.97-1.04x of each
+# other): the forward at 48 MB 1.01-1.06x at d128, d64 and d256; the fused backward at 16 MB 1.05x at d128
+# (4 heads), d64 (8) and d256 (2), 1.04x on llama3-8b's GQA groups of 4 at 4k tokens (2), where 48 MB (6 of
+# those 8 MB heads) lost up to 7%.
 CAUSAL_SHARED_BYTES = 48 * 2**20
-FUSED_BWD_HEAD_BYTES = 4 * 2**20
+FUSED_BWD_SHARED_BYTES = 16 * 2**20
 
 
-def heads_together(causal: bool, shared_bytes_per_head: int, largest_head: int | None = None) -> int:
-    """How many heads a causal launch runs side by side (see CAUSAL_SHARED_BYTES): one where the heads share
-    more than `largest_head` bytes each; non-causal walks are all alike, and run a head at a time."""
-    if not causal or (largest_head is not None and shared_bytes_per_head > largest_head):
-        return 1
-    return max(1, CAUSAL_SHARED_BYTES // max(shared_bytes_per_head, 1))
+def heads_together(causal: bool, shared_bytes_per_head: int, budget: int) -> int:
+    """How many heads a causal launch runs side by side: as many as share `budget` bytes, one at least;
+    non-causal walks are all alike, and run a head at a time."""
+    return max(1, budget // max(shared_bytes_per_head, 1)) if causal else 1
 
 
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -384,7 +384,7 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     _attention_fwd_ws_kernel[grid](
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
         _descriptor(_rows_view(v), block_n, D), out, lse, Sq, Sk, Hq, Hq // Hkv,
-        heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq), qk_scale_log2,
+        heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq, CAUSAL_SHARED_BYTES), qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
@@ -515,8 +515,8 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
         _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
         _descriptor(_rows_view(v), block_n, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
         lse, delta, dq, Sq, Sk, Hq, Hq // Hkv,
-        heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq), qk_scale_log2, sm_scale,
-        lse.stride(0), lse.stride(1),
+        heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq, CAUSAL_SHARED_BYTES), qk_scale_log2,
+        sm_scale, lse.stride(0), lse.stride(1),
         dq.stride(0), dq.stride(1), dq.stride(2),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4,
     )
@@ -926,7 +926,7 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
             _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), keys, D),
             _descriptor(_rows_view(v), keys, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
             _descriptor(_rows_view(dq_acc), HALF_M.value, dq_chunk), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
-            heads_together(causal, 2 * Sq * D * q.element_size() * Hq // Hkv, FUSED_BWD_HEAD_BYTES),
+            heads_together(causal, 2 * Sq * D * q.element_size() * Hq // Hkv, FUSED_BWD_SHARED_BYTES),
             qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
             HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,
         )
