@@ -284,16 +284,13 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen_q, s
     gl.warp_specialize([
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                               seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, stride_ob, stride_os,
-                              stride_oh,
-                              stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                              stride_oh, stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
                               seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, stride_ob, stride_os,
-                              stride_oh,
-                              stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                              stride_oh, stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, q_desc, q_smem, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                            k_free, v_free, seqlen_q, seqlen_k, heads_q, group, heads_together, HEAD_DIM, BLOCK_N,
-                           STAGES, CAUSAL,
-                           False)),
+                           STAGES, CAUSAL, False)),
     ], [4, 1], [232, 40])
 
 
@@ -480,16 +477,15 @@ def _attention_bwd_dq_ws_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_
     gl.warp_specialize([
         (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
                          delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, sm_scale,
-                         stride_lb,
-                         stride_lh, stride_dqb, stride_dqs, stride_dqh, 0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                         stride_lb, stride_lh, stride_dqb, stride_dqs, stride_dqh, 0, HEAD_DIM, BLOCK_N, STAGES,
+                         CAUSAL)),
         (_dq_partition, (q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, lse_ptr,
                          delta_ptr, dq_ptr, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, sm_scale,
-                         stride_lb,
-                         stride_lh, stride_dqb, stride_dqs, stride_dqh, 1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                         stride_lb, stride_lh, stride_dqb, stride_dqs, stride_dqh, 1, HEAD_DIM, BLOCK_N, STAGES,
+                         CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready,
                            v_ready, k_free, v_free, seqlen_q, seqlen_k, heads_q, group, heads_together, HEAD_DIM,
-                           BLOCK_N, STAGES,
-                           CAUSAL, True)),
+                           BLOCK_N, STAGES, CAUSAL, True)),
     ], [4, 1], [232, 40])
 
 
@@ -622,9 +618,8 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 @gluon.jit
 def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                         kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                        heads_together,
-                        stride_lb, stride_lh, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr):
+                        heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring, and beside them
     the block's LSE (in log2 units) and delta, loaded here so that the consumers read them from shared memory
     when they need them (held in their registers across the matmuls, they spilled)."""
@@ -655,8 +650,7 @@ def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem
 @gluon.jit
 def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
                           heads_kv, group, heads_together, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
-                          DQ_CHUNK: gl.constexpr,
-                          STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                          DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """dQ's reducer: each step's chunks of dQ's share, staged by the consumers (each a half of the columns,
     DQ_CHUNK at a time), added into the fp32 dQ by TMA reductions; a staging tile is released once the
     reduction has read it (at d256, staged in the step's q and dO buffers, the whole stage)."""
@@ -776,8 +770,7 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
 def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, qdo_ready,
                    qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
                    seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
-                   stride_dvb,
-                   stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
+                   stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
                    DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     # BY_COLUMNS (d256, bwd_key_block): both warpgroups on the CTA's 64 keys, each on half of dK's and dV's
     # columns; else each on 64 of its 128 keys, all columns.
@@ -834,8 +827,7 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
 @gluon.jit
 def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                              seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_lb,
-                             stride_lh,
-                             stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                             stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
                              HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
@@ -882,17 +874,16 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
                           dv_ptr, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
-                          stride_dks,
-                          stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+                          stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK,
+                          STAGES, CAUSAL)),
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
                           dv_ptr, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
-                          stride_dks,
-                          stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+                          stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK,
+                          STAGES, CAUSAL)),
         (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
                                kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                               heads_together,
-                               stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES, CAUSAL)),
+                               heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES, CAUSAL)),
         (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
                                  heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
     ], [4, 1, 1], [240, 24, 24])
