@@ -121,7 +121,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
         cfg = blockwise_ws.triton_tile(cfg)
     if not accumulate and tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:
         return launch_tma(a, b.t(), out, cfg, scales)
-    one_group = torch.arange(2, device=a.device, dtype=torch.int64) * M
+    one_group = torch.arange(0, 2 * M, M, device=a.device, dtype=torch.int64)  # [0, M] in one launch
     return grouped_mm(a, b[None], one_group, out, cfg, scales, accumulate)
 
 
