@@ -151,7 +151,7 @@ def compile_quantization(packed: bool) -> dict[str, int]:
 
 
 def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int = 128,
-                         stages: int = 4, c_type: str | None = None, per_k_block: bool = True) -> dict[str, int]:
+                         stages: int = 4, c_type: str | None = None) -> dict[str, int]:
     """The warp-specialized blockwise FP8 GEMM (128 x block_n tiles) as the ops launch it: M-grouped
     (the forward and the dgrad: A's scales [rows, K blocks], the weight's [G, N blocks, K blocks]) or the
     token reduction (the wgrad: both operands' scales [token blocks, rows]) into bf16, or adding into a
@@ -163,8 +163,7 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
              "offs_ptr": "*i64"}
     unit_strides = {"stride_sam": 1, "stride_sbn": 1} if token_reduction else {"stride_sak": 1, "stride_sbk": 1}
     constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True,
-                 "TOKEN_REDUCTION": token_reduction, "PER_K_BLOCK": per_k_block, "ACCUMULATE": accumulate,
-                 "NUM_PROGRAMS": 132} | unit_strides
+                 "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
     compiled = _compile(_blockwise_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}

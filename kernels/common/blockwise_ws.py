@@ -209,8 +209,7 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                   TOKEN_REDUCTION: gl.constexpr, PER_K_BLOCK: gl.constexpr, ACCUMULATE: gl.constexpr,
-                   NUM_PROGRAMS: gl.constexpr):
+                   TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
@@ -284,27 +283,6 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
                 mbarrier.arrive(free.index(s), count=1)
                 acc += part * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
                 it += 1
-        elif not PER_K_BLOCK:
-            # Rowwise and tensorwise: each K block adds its raw product, and the row and column scales
-            # apply once, below. Nothing runs between the MMAs, so one stays in flight while the next
-            # stage is awaited, and a stage goes back to the producer once the MMA after it is issued.
-            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
-            for kb in range(k_tiles):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
-                                    is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1, pred=kb > 0)
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1, pred=k_tiles > 0)
-            # Clamped to the last row and column, not masked (a predicate per element would take registers
-            # beside the accumulator): the store drops what lies past the edges.
-            sa = gl.load(sa_ptr + gl.minimum(rows, row_end - 1).to(gl.int64) * stride_sam)
-            cols = gl.minimum(col0 + gl.arange(0, BLOCK_N, layout=col_layout), N - 1)
-            sb = gl.load(sb_ptr + g.to(gl.int64) * stride_sbg + cols * stride_sbn)
-            acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
         else:
             # The tile's columns lie in one 128x128 weight block, or two (BLOCK_N 256: lo and hi). One
             # accumulator holds the sum so far divided by the current block's scale: rescaled by
@@ -364,8 +342,7 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
 def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                          BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                         TOKEN_REDUCTION: gl.constexpr, PER_K_BLOCK: gl.constexpr, ACCUMULATE: gl.constexpr,
-                         NUM_PROGRAMS: gl.constexpr):
+                         TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # The wide token reduction's column ratios and scales, two rows a stage (see _mma_partition); a token
@@ -382,12 +359,10 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
     gl.warp_specialize([
         (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                           stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_K_BLOCK, ACCUMULATE,
-                          NUM_PROGRAMS)),
+                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                           stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_K_BLOCK, ACCUMULATE,
-                          NUM_PROGRAMS)),
+                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
                            stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION,
                            NUM_PROGRAMS)),
@@ -446,14 +421,6 @@ def token_reduction_tile(cfg: TileConfig, out: torch.Tensor) -> TileConfig:
     return cfg if out.element_size() <= 2 else triton_tile(cfg)
 
 
-def _scale_layout_ok(scales: Scales, token_reduction: bool) -> bool:
-    """Blockwise: 128x128 weight blocks M-grouped, per-row ones as the token reduction. Rowwise and
-    tensorwise (scaled once, in the epilogue): M-grouped only, one scale per output column."""
-    if scales.per_k_block:
-        return scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
-    return not token_reduction and scales.b_out_div == 1
-
-
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
               token_reduction: bool = False) -> bool:
     """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
@@ -464,7 +431,7 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     stages that fit in shared memory."""
     b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
     return (
-        _scale_layout_ok(scales, token_reduction)
+        scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in (64, 128, 256)
         and (not token_reduction or token_reduction_tile(cfg, out) is cfg)
@@ -487,8 +454,7 @@ def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Sc
         M, N, K, G,
         out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,
         BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, GROUPED=offs is not None,
-        TOKEN_REDUCTION=token_reduction, PER_K_BLOCK=scales.per_k_block, ACCUMULATE=accumulate,
-        NUM_PROGRAMS=programs, num_warps=4,
+        TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs, num_warps=4,
     )
     return out
 
