@@ -60,10 +60,12 @@ def captured_launches(call) -> dict[str, tuple]:
 
 
 def replay(launch: tuple, **overrides):
-    """A captured launch as a callable, with BLOCK_C / num_warps overridden (the grid's column blocks follow)."""
+    """A captured launch as a callable, with BLOCK_C / num_warps overridden (the grid's column blocks follow:
+    a program per token block and column block)."""
     launcher, grid, args, kwargs = launch
+    token_blocks = grid[0] // -(-kwargs["C"] // kwargs["BLOCK_C"])
     kwargs = {**kwargs, **overrides}
-    grid = (grid[0], -(-kwargs["C"] // kwargs["BLOCK_C"]))
+    grid = (token_blocks * -(-kwargs["C"] // kwargs["BLOCK_C"]),)
     return lambda: launcher[grid](*args, **kwargs)
 
 

@@ -187,6 +187,16 @@ def _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_RO
     return rows, rows < end, g
 
 
+@triton.jit
+def _tile_of_program(column_blocks):
+    """(token block, column block) of this program of a 1-D grid, column blocks the faster: programs that
+    run side by side read neighbouring column blocks of the same rows, whole rows of x between them. With
+    token blocks the faster, they read one 256-byte piece of each row at a time, rows 4-8 KB apart at
+    the widths of DeepSeek-V3's experts."""
+    pid = tl.program_id(0)
+    return pid // column_blocks, pid % column_blocks
+
+
 @fast_launch
 @triton.jit
 def _token_layout_kernel(offs_ptr, padded_ptr, block_groups_ptr, G, n_blocks,
@@ -241,8 +251,8 @@ def _amax_both_kernel(
 ):
     """The first pass of a rowwise or tensorwise quantization, one read of x for every scale it needs:
     ROWWISE: amax per (group, column) and, for ROWS, per row; else amax per group or of the tensor."""
-    tb = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tb, cb = _tile_of_program(tl.cdiv(C, BLOCK_C))
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
     rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS,
                                      BLOCK_T)
@@ -282,8 +292,7 @@ def _quantize_both_kernel(
     dgrad's A operand. Program tb < SCALE_GROUPS also writes group tb's scales, so that an empty group
     gets its own too.
     """
-    tb = tl.program_id(0)
-    cb = tl.program_id(1)
+    tb, cb = _tile_of_program(tl.cdiv(C, BLOCK_C))
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
     rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS,
@@ -336,15 +345,15 @@ def _quantize_blocks_2d_kernel(
 ):
     """One 128x128 block of w[g] ([G, R, C]) -> q[g] ([G, R, C]) if ROWS and q^T[g] ([G, C, R]) if COLS_T,
     one scale."""
-    g = tl.program_id(0).to(tl.int64)
-    rb, cb = tl.program_id(1), tl.program_id(2)
+    # Column blocks the fastest of the grid, experts the slowest (see _tile_of_program).
+    cb, rb, g = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     rows = rb * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     cols = cb * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     base = g * R * C
     w = tl.load(w_ptr + base + rows[:, None] * C + cols[None, :], mask=mask).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(w)), EPS) / FP8_MAX
-    tl.store(scale_ptr + (g * tl.num_programs(1) + rb) * tl.num_programs(2) + cb, scale)
+    tl.store(scale_ptr + (g * tl.num_programs(1) + rb) * tl.num_programs(0) + cb, scale)
     q = to_fp8_range(w * (1.0 / scale), FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     if ROWS:
         tl.store(q_ptr + base + rows[:, None] * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
@@ -567,12 +576,12 @@ def quantize_both(
             # quant_sweep.py --sweep (H100, 2026-11-25): 4 warps read 1.2-1.4x faster than 8 on every
             # shape; a SwiGLU input (two tiles a program) is fastest 64 columns wide.
             amax_block_c = BLOCK // 2 if glu else BLOCK
-            _amax_both_kernel[(token_blocks, cdiv(C, amax_block_c))](
+            _amax_both_kernel[(token_blocks * cdiv(C, amax_block_c),)](
                 x, row_amax, group_amax, offs, padded_ptr, block_groups_ptr, **common, ROWWISE=mode == 1, ROWS=rows,
                 TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=amax_block_c, num_warps=4,
             )
         unused = scale_t  # stands in for the pointers a mode does not read
-        _quantize_both_kernel[(max(token_blocks, scale_groups), cdiv(C, BLOCK))](
+        _quantize_both_kernel[(max(token_blocks, scale_groups) * cdiv(C, BLOCK),)](
             x, qt if q is None else q, qt, unused if scale is None else scale, scale_t,
             unused if row_amax is None else row_amax, unused if group_amax is None else group_amax,
             offs, padded_ptr, block_groups_ptr, **common, stride_q=C, stride_qt=capacity,
@@ -610,10 +619,9 @@ def quantize_blocks_2d(
     G, R, C = w.shape
     q = torch.empty_like(w, dtype=fp8_dtype) if rows else None
     qt = torch.empty((G, C, R), dtype=fp8_dtype, device=w.device) if cols_t else None
-    grid = (G, cdiv(R, BLOCK), cdiv(C, BLOCK))
-    scale = torch.empty(grid, dtype=torch.float32, device=w.device)
+    scale = torch.empty((G, cdiv(R, BLOCK), cdiv(C, BLOCK)), dtype=torch.float32, device=w.device)
     if G and R and C:
-        _quantize_blocks_2d_kernel[grid](
+        _quantize_blocks_2d_kernel[(cdiv(C, BLOCK), cdiv(R, BLOCK), G)](
             w, scale if q is None else q, scale if qt is None else qt, scale, R, C, **_format_args(fp8_dtype),
             EPS=AMAX_EPS, BLOCK_SIZE=BLOCK, ROWS=rows, COLS_T=cols_t,
         )
