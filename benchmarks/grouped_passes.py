@@ -2,8 +2,11 @@
 
 `turbo-opt bench` times a whole forward and a whole backward; this splits them so each pass meets
 its own anchor: bf16 forward vs torch._grouped_mm, dgrad vs its NN form, wgrad vs its variable-K
-form; FP8 GEMMs on pre-quantized operands vs torch._scaled_grouped_mm (rowwise); and each FP8
-quantization kernel in GB/s (bytes read + written).
+form; each FP8 pass with the quantization of what it reads vs the same bf16 anchor (issue 15's
+per-pass target), the FP8 GEMM alone on pre-quantized operands vs torch._scaled_grouped_mm
+(rowwise); and each FP8 quantization call in GB/s (bytes read + written; a call from an idle GPU, so
+its host time shows where it exceeds the kernels'). Passes and anchors are timed in interleaved rounds
+(`--rounds`): a ratio is the median of its per-round ratios, its spread the min and max.
 
     python benchmarks/grouped_passes.py --shapes headline --csv passes.csv
 """
@@ -11,7 +14,7 @@ quantization kernel in GB/s (bytes read + written).
 from __future__ import annotations
 
 import argparse
-import math
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -39,7 +42,11 @@ from kernels.grouped_gemm_fp8 import for_backward, fp8_backward, fp8_forward, pr
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_scale_strides, vark_fp8
 
 
-def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) -> list[dict[str, object]]:
+def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer, rounds: int) -> list[dict[str, object]]:
+    """Every pass of one shape and its anchor, timed in `rounds` interleaved rounds (each round times each
+    callable once, so the passes and their anchors see the same GPU state); a pass's ratio is the median
+    of its per-round ratios, with their spread. FP8 passes are held to the bf16 pass's torch anchor (the
+    forward to `torch._grouped_mm`, and so on): issue 15's per-pass target."""
     a, b, g, lens = inputs["a"], inputs["b"], inputs["grad_out"], inputs["group_lens"]
     M, K = a.shape
     G, N, _ = b.shape
@@ -47,27 +54,6 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
     offs = group_offsets(lens)
     offs32 = torch.cumsum(lens, dim=0, dtype=torch.int32)
     out, da, db = a.new_empty(M, N), torch.empty_like(a), torch.empty_like(b)
-    rows: list[dict[str, object]] = []
-
-    def compare(what: str, ours: Callable[[], object], theirs: Callable[[], object] | None, anchor: str) -> None:
-        t_ours = timer.time(ours).median_ms
-        t_theirs = timer.time(theirs).median_ms if theirs else math.nan
-        rows.append({
-            "label": label, "pass": what, "ours_ms": t_ours, "ours_tflops": gemm_flops / t_ours / 1e9,
-            "anchor": anchor, "anchor_ms": t_theirs, "anchor_tflops": gemm_flops / t_theirs / 1e9,
-            "ratio": t_theirs / t_ours,
-        })
-
-    def bandwidth(what: str, fn: Callable[[], object], nbytes: float) -> None:
-        t = timer.time(fn).median_ms
-        rows.append({"label": label, "pass": what, "ours_ms": t, "ours_GBps": nbytes / t / 1e6})
-
-    compare("bf16 fwd", lambda: grouped_forward(a, b, offs, True, out),
-            lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs32), "torch._grouped_mm")
-    compare("bf16 dgrad", lambda: grouped_dgrad(g, b, offs, True, da),
-            lambda: torch._grouped_mm(g, b, offs=offs32), "torch._grouped_mm")
-    compare("bf16 wgrad", lambda: grouped_wgrad(g, a, offs, True, db),
-            lambda: torch._grouped_mm(g.t(), a, offs=offs32), "torch._grouped_mm var-K")
 
     e4m3 = torch.float8_e4m3fn
     a_q, sa = quantize_rows(a, e4m3, Granularity.ROWWISE)
@@ -75,33 +61,67 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer) ->
     scales = Scales(sa, row_scale_strides(sa, Granularity.ROWWISE), w.scale, w.strides)
     cfg = config_for("fwd", M, G, Granularity.ROWWISE, w.data.shape[1:])
     sb = w.scale.view(G, N)
-    compare("fp8 rowwise GEMM only", lambda: grouped_mm(a_q, w.data, offs, out, cfg, scales),
-            lambda: torch._scaled_grouped_mm(a_q, w.data.transpose(-2, -1), sa, sb, offs=offs32,
-                                             out_dtype=a.dtype, use_fast_accum=True),
-            "torch._scaled_grouped_mm")
+    anchors: dict[str, Callable[[], object]] = {
+        "torch._grouped_mm": lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs32),
+        "torch._grouped_mm dgrad": lambda: torch._grouped_mm(g, b, offs=offs32),
+        "torch._grouped_mm var-K": lambda: torch._grouped_mm(g.t(), a, offs=offs32),
+        "torch._scaled_grouped_mm": lambda: torch._scaled_grouped_mm(
+            a_q, w.data.transpose(-2, -1), sa, sb, offs=offs32, out_dtype=a.dtype, use_fast_accum=True),
+    }
+    anchor_of = {"fwd": "torch._grouped_mm", "dgrad": "torch._grouped_mm dgrad", "wgrad": "torch._grouped_mm var-K"}
+    # (pass, ours, its anchor)
+    passes: list[tuple[str, Callable[[], object], str]] = [
+        ("bf16 fwd", lambda: grouped_forward(a, b, offs, True, out), anchor_of["fwd"]),
+        ("bf16 dgrad", lambda: grouped_dgrad(g, b, offs, True, da), anchor_of["dgrad"]),
+        ("bf16 wgrad", lambda: grouped_wgrad(g, a, offs, True, db), anchor_of["wgrad"]),
+        ("fp8 rowwise GEMM only", lambda: grouped_mm(a_q, w.data, offs, out, cfg, scales), "torch._scaled_grouped_mm"),
+    ]
     for gran in Granularity:  # each pass with the quantization of what it reads and the forward does not keep
         cfg8 = Float8Config(Format.HYBRID, gran)
         saved = for_backward(a, b, offs, True, cfg8)
-        compare(f"fp8 {gran.value} fwd (with quant)", lambda c=cfg8: fp8_forward(a, b, offs, True, c, out), None, "")
         w8 = prequantize_weight(b, True, cfg8)  # gradient accumulation: the weight quantized once per optimizer step
-        compare(f"fp8 {gran.value} fwd (tokens' quant; weight prequantized)",
-                lambda c=cfg8, w8=w8: fp8_forward(a, b, offs, True, c, out, b_fp8=w8), None, "")
-        compare(f"fp8 {gran.value} dgrad (with quant)",
-                lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, da, None), None, "")
-        compare(f"fp8 {gran.value} wgrad (with quant)",
-                lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, None, db), None, "")
+        passes += [
+            (f"fp8 {gran.value} fwd (with quant)",
+             lambda c=cfg8: fp8_forward(a, b, offs, True, c, out), anchor_of["fwd"]),
+            (f"fp8 {gran.value} fwd (tokens' quant; weight prequantized)",
+             lambda c=cfg8, w8=w8: fp8_forward(a, b, offs, True, c, out, b_fp8=w8), anchor_of["fwd"]),
+            (f"fp8 {gran.value} dgrad (with quant)",
+             lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, da, None), anchor_of["dgrad"]),
+            (f"fp8 {gran.value} wgrad (with quant)",
+             lambda c=cfg8, s=saved: fp8_backward(g, s, offs, True, c, None, db), anchor_of["wgrad"]),
+        ]
     elt = a.element_size()
-    bandwidth("quantize_rows(a) rowwise", lambda: quantize_rows(a, e4m3, Granularity.ROWWISE), M * K * (2 * elt + 1))
-    bandwidth("quantize_cols_t(grad_out) rowwise",
-              lambda: quantize_cols_t(g, offs, e4m3, Granularity.ROWWISE), M * N * (2 * elt + 1))
-    bandwidth("quantize_both(grad_out) rowwise",
-              lambda: quantize_both(g, e4m3, Granularity.ROWWISE, RowGroups.tokens(offs)), M * N * (2 * elt + 2))
-    bandwidth("quantize_both(grad_out) blockwise",
-              lambda: quantize_both(g, e4m3, Granularity.BLOCKWISE, RowGroups.tokens(offs)), M * N * (elt + 2))
-    bandwidth("quantize_cols_t(a) blockwise",
-              lambda: quantize_cols_t(a, offs, e4m3, Granularity.BLOCKWISE), M * K * (elt + 1))
-    bandwidth("QuantizedWeight(b) blockwise", lambda: QuantizedWeight.quantize(b, False, e4m3, Granularity.BLOCKWISE),
-              G * N * K * (elt + 2))
+    # (call, bytes read + written: a rowwise row and a 128x128 block are read once, a rowwise column twice)
+    bandwidths: list[tuple[str, Callable[[], object], float]] = [
+        ("quantize_rows(a) rowwise", lambda: quantize_rows(a, e4m3, Granularity.ROWWISE), M * K * (elt + 1)),
+        ("quantize_cols_t(grad_out) rowwise", lambda: quantize_cols_t(g, offs, e4m3, Granularity.ROWWISE),
+         M * N * (2 * elt + 1)),
+        ("quantize_both(grad_out) rowwise",
+         lambda: quantize_both(g, e4m3, Granularity.ROWWISE, RowGroups.tokens(offs)), M * N * (2 * elt + 2)),
+        ("quantize_both(grad_out) blockwise",
+         lambda: quantize_both(g, e4m3, Granularity.BLOCKWISE, RowGroups.tokens(offs)), M * N * (elt + 2)),
+        ("quantize_cols_t(a) blockwise",
+         lambda: quantize_cols_t(a, offs, e4m3, Granularity.BLOCKWISE), M * K * (elt + 1)),
+        ("QuantizedWeight(b) blockwise", lambda: QuantizedWeight.quantize(b, False, e4m3, Granularity.BLOCKWISE),
+         G * N * K * (elt + 1)),
+    ]
+    calls = {**anchors, **{name: fn for name, fn, _ in passes}, **{name: fn for name, fn, _ in bandwidths}}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(timer.time(fn).median_ms)
+    rows: list[dict[str, object]] = []
+    for name, _, anchor in passes:
+        ratios = [t_anchor / t for t_anchor, t in zip(times[anchor], times[name], strict=True)]
+        ours_ms, anchor_ms = statistics.median(times[name]), statistics.median(times[anchor])
+        rows.append({
+            "label": label, "pass": name, "ours_ms": ours_ms, "ours_tflops": gemm_flops / ours_ms / 1e9,
+            "anchor": anchor, "anchor_ms": anchor_ms, "anchor_tflops": gemm_flops / anchor_ms / 1e9,
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        })
+    for name, _, nbytes in bandwidths:
+        ms = statistics.median(times[name])
+        rows.append({"label": label, "pass": name, "ours_ms": ms, "ours_GBps": nbytes / ms / 1e6})
     return rows
 
 
@@ -167,6 +187,8 @@ def main() -> None:
     add_common_arguments(parser, "grouped_gemm", "headline")
     parser.add_argument("--sweep", choices=[g.value for g in Granularity], default=None,
                         help="instead of the passes, sweep the FP8 forward's tile configs for this granularity")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of the passes and their anchors; ratios are per-round medians")
     parser.add_argument("--sweep-pass", choices=("fwd", "wgrad"), default="fwd",
                         help="the pass --sweep times (wgrad: fresh, then adding into a bf16 main_grad)")
     args = parser.parse_args()
@@ -182,9 +204,10 @@ def main() -> None:
             sweep = sweep_wgrad if args.sweep_pass == "wgrad" else sweep_forward
             rows += sweep(shape.label, inputs, Granularity(args.sweep), timer)
         else:
-            rows += rows_for_shape(shape.label, inputs, timer)
+            rows += rows_for_shape(shape.label, inputs, timer, args.rounds)
     report(rows, "grouped passes",
-           ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio", "ours_GBps"), args.csv)
+           ("label", "pass", "ours_ms", "ours_tflops", "anchor", "anchor_tflops", "ratio", "ratio_min", "ratio_max",
+            "ours_GBps"), args.csv)
 
 if __name__ == "__main__":
     main()
