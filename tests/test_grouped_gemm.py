@@ -3,11 +3,9 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.device import default_device
-from kernels.common.fp8 import Float8Config, Format, Granularity, quantize_rows
-from kernels.common.scales import Scales
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+from kernels.common.fp8 import Float8Config, Format, Granularity
+from kernels.common.tiles import config_from_table
 from kernels.grouped_gemm import group_offsets, grouped_gemm
-from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm.tuning import TUNABLE_SPACE, TUNED_TABLE
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8, prequantize_weight
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
@@ -67,35 +65,6 @@ def test_fp8_weight_stored_k_by_n(granularity, device, half_dtype):
     snrs = run_op(grouped_gemm_fp8, SPLITS["empty"], 130, 96, False, half_dtype, device,
                   config=Float8Config(Format.E4M3, granularity))
     assert min(snrs) >= 25, snrs
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_whole_tiles_stored_through_tma_beside_partial_ones(fp8, device, half_dtype):
-    """Into a poisoned output: groups of 300, 0, 128 and 77 rows leave whole 128-row tiles (stored through
-    C's descriptor: the config's output tile fits in shared memory beside its stages) next to partial ones
-    (masked pointer stores), and N = 200 a last column tile past the edge."""
-    torch.manual_seed(5)
-    lens, N, K = [300, 0, 128, 77], 200, 256
-    G, M = len(lens), sum(lens)
-    a = torch.randn(M, K, dtype=half_dtype, device=device)
-    b = torch.randn(G, N, K, dtype=half_dtype, device=device)
-    cfg = TileConfig(128, 256, 128 if fp8 else 64, 8, 8, 3)
-    out = torch.full((M, N), float("nan"), dtype=half_dtype, device=device)
-    scales = None
-    if fp8:  # rowwise E4M3, scaled in the epilogue
-        (a, sa), (wq, sw) = (quantize_rows(t, torch.float8_e4m3fn, Granularity.ROWWISE)
-                             for t in (a, b.reshape(G * N, K)))
-        b = wq.view(G, N, K)
-        scales = Scales(sa, (1, 0), sw, (N, 1, 0))
-        a_ref = a.double() * sa.double()[:, None]
-        b_ref = b.double() * sw.double().view(G, N, 1)
-    else:
-        a_ref, b_ref = a.double(), b.double()
-    assert fits_shared_memory(vars(cfg), a.element_size(), out.element_size())
-    grouped_mm(a, b, group_offsets(torch.tensor(lens, device=device)), out, cfg, scales)
-    expected = torch.cat([x @ w.t() for x, w in zip(a_ref.split(lens), b_ref, strict=True)])
-    assert not out.isnan().any()
-    assert snr_db(out, expected) > 45
 
 
 def test_group_offsets_on_device():

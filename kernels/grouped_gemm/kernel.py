@@ -10,7 +10,7 @@ kernels/common/scales.py); SCALE picks where they apply.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,25 +20,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.common.device import cdiv, persistent_programs
 from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
-from kernels.common.tiles import TileConfig, fits_shared_memory, grouped_tile
+from kernels.common.tiles import TileConfig, grouped_tile
 from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
-
-
-@triton.jit
-def _store_rows(c_ptr, acc, rows, cols, row_mask, col_mask, stride_cm, ACCUMULATE: tl.constexpr):
-    """The tile's rows that lie in its group (and its columns inside N) into C by pointers (ACCUMULATE: added
-    to what C holds, in fp32)."""
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
-    mask = row_mask[:, None] & col_mask[None, :]
-    if ACCUMULATE:
-        acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @fast_launch
 @triton.jit
 def _grouped_mm_kernel(
-    a_ptr, b_ptr, a_desc, b_desc, c_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
+    a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
     G, N, K,
     stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
     stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
@@ -49,7 +38,6 @@ def _grouped_mm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
-    TMA_STORE: tl.constexpr,
 ):
     """C[rows_g] = A[rows_g] @ B_g^T for every group (ACCUMULATE: C += it, summed in fp32); B_g is
     [N, K] through its strides.
@@ -61,10 +49,6 @@ def _grouped_mm_kernel(
     its group's last row into the next group's rows, which only feed output rows the masked store
     drops. B is a 3-D descriptor, so the copy engine zero-fills at each group's own edges; B_K_MAJOR:
     stored [G, N, K], else [G, K, N]. Otherwise masked pointer loads through the strides.
-
-    TMA_STORE: a tile whose rows all lie in its group goes out through C's descriptor (staged in shared
-    memory, stored by the copy engine while the next tile's loads are issued); a group's last, partial
-    tile by masked pointer stores.
     """
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -116,13 +100,10 @@ def _grouped_mm_kernel(
                 sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0)
                 sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
                 acc = acc * sa[:, None] * sb[None, :]
-            if TMA_STORE:
-                if row0 + BLOCK_M <= end:
-                    c_desc.store([row0.to(tl.int32), col0], acc.to(c_desc.dtype))
-                else:
-                    _store_rows(c_ptr, acc, rows, cols, row_mask, col_mask, stride_cm, ACCUMULATE)
-            else:
-                _store_rows(c_ptr, acc, rows, cols, row_mask, col_mask, stride_cm, ACCUMULATE)
+            c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
+            if ACCUMULATE:
+                acc += tl.load(c_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
             tile += NUM_PROGRAMS
         tiles_before += tiles_g
 
@@ -205,8 +186,7 @@ def grouped_mm(
     b [G, N, K] any strides.
 
     Through tensor descriptors when the operands meet TMA's 16-byte rules (tma_layout,
-    stack_tma_layout), else through pointers; a fresh output through a descriptor too where its tile
-    fits in shared memory beside the mainloop's stages."""
+    stack_tma_layout), else through pointers."""
     (M, K), (G, N, _) = a.shape, b.shape
     if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
@@ -219,26 +199,21 @@ def grouped_mm(
     mode = SCALE_NONE if scales is None else scales.mode
     b_k_major = stack_tma_layout(b)
     tma = tma_layout(a) is True and b_k_major is not None
-    a_desc = b_desc = c_desc = None
-    tma_store = (tma and not accumulate and tma_layout(out) is True
-                 and fits_shared_memory(asdict(cfg), a.element_size(), out.element_size()))
+    a_desc = b_desc = None
     if tma:
         bind_context(a.device)
         b_stored = b if b_k_major else b.transpose(1, 2)
         b_block = [1, cfg.BLOCK_N, cfg.BLOCK_K] if b_k_major else [1, cfg.BLOCK_K, cfg.BLOCK_N]
         a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
         b_desc = TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block)
-    if tma_store:
-        c_desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [cfg.BLOCK_M, cfg.BLOCK_N])
     _grouped_mm_kernel[(programs,)](
-        a, b, a_desc, b_desc, c_desc, out, offs, s.a, s.b,
+        a, b, a_desc, b_desc, out, offs, s.a, s.b,
         G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
         TMA=tma, B_K_MAJOR=bool(b_k_major), SB_OUT_DIV=s.b_out_div, SCALE=mode,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        NUM_PROGRAMS=programs, ACCUMULATE=accumulate, TMA_STORE=tma_store, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        NUM_PROGRAMS=programs, ACCUMULATE=accumulate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
