@@ -5,9 +5,9 @@ pointers and through tensor descriptors (TMA, the tuned table's knob), what the 
 instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback; TMA loads and reductions; atomics) and what
 ptxas reports (registers, bytes spilled), and the E4M3 conversions in the kernels that quantize q, k
 and v (dense, and packed into the sequence-major layout); and for the warp-specialized blockwise FP8 GEMM
-(Gluon), M-grouped and as the wgrad's token reduction, and the ping-pong rowwise FP8 GEMM, whether ptxas
-serializes their wgmmas; and the warp-specialized attention kernels (the forward, the dQ pass, the fused
-backward). Run with TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
+(Gluon), M-grouped and as the wgrad's token reduction, whether ptxas serializes its wgmmas; and the
+warp-specialized attention kernels (the forward, the dQ pass, the fused backward). Run with
+TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ from kernels.attention.kernel import (
 from kernels.attention.tuning import config_for
 from kernels.common.blockwise_ws import _blockwise_ws_kernel
 from kernels.common.fp8 import FORMAT_ARGS
-from kernels.common.pingpong_ws import _pingpong_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -166,20 +165,6 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True,
                  "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
     compiled = _compile(_blockwise_ws_kernel, types, constants)
-    ptx = compiled.asm["ptx"]
-    return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
-
-
-def compile_pingpong_ws(block_n: int, stages: int) -> dict[str, int]:
-    """The ping-pong rowwise FP8 GEMM (128 x block_n tiles a consumer, two rings of `stages`) as `pingpong_mm`
-    launches it, grouped, into bf16; with the shared memory it takes."""
-    def descriptor(rows: int) -> str:
-        return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
-    types = {"a_desc": descriptor(128), "b_desc": descriptor(block_n), "c_ptr": "*bf16", "sa_ptr": "*fp32",
-             "sb_ptr": "*fp32", "offs_ptr": "*i64"}
-    constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True, "NUM_PROGRAMS": 132,
-                 "stride_sbn": 1}
-    compiled = _compile(_pingpong_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
