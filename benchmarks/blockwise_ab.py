@@ -20,7 +20,6 @@ figure, their max what a cool GPU gives.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 from collections.abc import Callable
 
@@ -44,9 +43,6 @@ SHAPES = {"dense 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP 8x4096": (8, 8 * 4
           # the small buckets: grouped, under 1024 tokens an expert; dense, outputs up to 2048 x 2048
           "DSv3 GateUP 32x512": (32, 32 * 512, 4096, 7168),
           "dense 1024x2048x4096": (1, 1024, 2048, 4096), "dense 2048x2048x8192": (1, 2048, 2048, 8192)}
-# the rowwise dgrads run on the same M-grouped kernels: DeepSeek-V3's, as (G, tokens, out width, reduction)
-DGRAD_SHAPES = {"DSv3 GateUP dgrad 8x4096": (8, 8 * 4096, 7168, 4096),
-                "DSv3 Down dgrad 8x4096": (8, 8 * 4096, 2048, 7168)}
 # (groups, tokens, P, Q): out [G, P, Q] = grad_out^T @ x over each group's tokens
 WGRAD_SHAPES = {"dense wgrad 8192^3": (1, 8192, 8192, 8192), "DSv3 GateUP wgrad 32x512": (32, 32 * 512, 4096, 7168),
                 "DSv3 GateUP wgrad 32x1024": (32, 32 * 1024, 4096, 7168),
@@ -57,37 +53,27 @@ TRITON_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)  # the Triton kernel's best (
 
 
 def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[int],
-             block_ns: list[int], granularity: Granularity = Granularity.BLOCKWISE) -> dict[str, Callable]:
+             block_ns: list[int]) -> dict[str, Callable]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    xq, sx = quantize_rows(x, torch.float8_e4m3fn, granularity)
-    if granularity == Granularity.BLOCKWISE:
-        wq, _, sw = quantize_blocks_2d(w, torch.float8_e4m3fn, cols_t=False)
-        scales = Scales(sx, sx.stride(), sw, sw.stride(), 128, per_k_block=True)
-        triton_cfg = TRITON_CONFIG
-    else:  # rowwise: the Triton kernels under the tuned table's config, as the ops run them today
-        wq, sw = quantize_rows(w.reshape(G * N, K), torch.float8_e4m3fn, granularity)
-        wq = wq.view(G, N, K)
-        scales = Scales(sx, (1, 0), sw, (N, 1, 0))
-        triton_cfg = (grouped_config_for("fwd", M, G, granularity, (N, K)) if G > 1
-                      else dense_config_for("fwd", M, N, granularity))
+    xq, sx = quantize_rows(x, torch.float8_e4m3fn, Granularity.BLOCKWISE)
+    wq, _, sw = quantize_blocks_2d(w, torch.float8_e4m3fn, cols_t=False)
+    scales = Scales(sx, sx.stride(), sw, sw.stride(), 128, per_k_block=True)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     offs = torch.arange(G + 1, device="cuda", dtype=torch.int64) * (M // G) if G > 1 else None
-    c = triton_cfg
-    name = f"triton {c.BLOCK_M}x{c.BLOCK_N} w{c.num_warps} s{c.num_stages}"
     if offs is None:
-        runs = {name: lambda: launch_tma(xq, wq[0].t(), out, triton_cfg, scales)}
+        runs = {"triton 128x128 w8 s4": lambda: launch_tma(xq, wq[0].t(), out, TRITON_CONFIG, scales)}
     else:
-        runs = {name: lambda: grouped_mm(xq, wq, offs, out, triton_cfg, scales)}
+        runs = {"triton 128x128 w8 s4": lambda: grouped_mm(xq, wq, offs, out, TRITON_CONFIG, scales)}
     for block_n in block_ns:
         for s in stages:
             for gm in group_ms:
                 cfg = TileConfig(128, block_n, 128, gm, 8, s)
-                if not blockwise_ws.fits(block_n, s, out.element_size(), per_k_block=scales.per_k_block):
-                    continue  # 128x256 tiles fit 4 stages at most blockwise, 3 rowwise
+                if not blockwise_ws.fits(block_n, s, out.element_size()):
+                    continue  # 128x256 tiles fit 4 stages at most
                 if not blockwise_ws.supported(xq, wq, out, scales, cfg):
-                    raise SystemExit("the warp-specialized kernel needs a Hopper GPU (sm_90)")
+                    raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
                 runs[f"ws 128x{block_n} s{s} GROUP_M {gm}"] = (
                     lambda c=cfg: blockwise_ws.blockwise_mm(xq, wq, out, scales, c, offs))
     return runs
@@ -144,17 +130,11 @@ def main() -> None:
     parser.add_argument("--block-n", type=int, nargs="+", default=[128, 256],
                         help="the warp-specialized kernel's tile widths (the wgrad's stop at 128)")
     parser.add_argument("--pass", dest="pass_name", choices=("fwd", "wgrad"), default="fwd")
-    parser.add_argument("--granularity", choices=("blockwise", "rowwise"), default="blockwise",
-                        help="the forward's scaling: rowwise runs the Triton kernels under the tuned table's config")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
     timer = Timer(torch.device("cuda"), repeats=args.repeats, warmup=3)
     rows = []
-    if args.pass_name == "wgrad":
-        shapes, make = WGRAD_SHAPES, wgrad_variants
-    else:
-        shapes = SHAPES | (DGRAD_SHAPES if args.granularity == "rowwise" else {})
-        make = functools.partial(variants, granularity=Granularity(args.granularity))
+    shapes, make = (WGRAD_SHAPES, wgrad_variants) if args.pass_name == "wgrad" else (SHAPES, variants)
     for label, (G, M, N, K) in shapes.items():
         runs = make(G, M, N, K, args.stages, args.group_m, args.block_n)
         tflops: dict[str, list[float]] = {name: [] for name in runs}
@@ -163,8 +143,7 @@ def main() -> None:
                 tflops[name].append(2.0 * M * N * K / timer.time(run).median_ms / 1e9)
         rows += [{"label": label, "pass": name, "median_tflops": statistics.median(t), "max_tflops": max(t),
                   "min_tflops": min(t)} for name, t in tflops.items()]
-    granularity = "blockwise" if args.pass_name == "wgrad" else args.granularity
-    report(rows, f"{granularity} FP8 {args.pass_name}, {args.rounds} interleaved rounds",
+    report(rows, f"blockwise FP8 {args.pass_name}, {args.rounds} interleaved rounds",
            ("label", "pass", "median_tflops", "max_tflops", "min_tflops"), args.csv)
 
 

@@ -8,9 +8,6 @@
 #                                       # dense training loops, llama3-70b / 8b (8 microbatches)
 #   scripts/gpu_blockwise_ws.sh wide    # GPU tests, the forward's A/B on 128x128 and 128x256 tiles, and the
 #                                       # MoE loop (8 microbatches), blockwise and rowwise
-#   scripts/gpu_blockwise_ws.sh rowwise # rowwise on the kernel (scaled in the epilogue): GPU tests, the A/B
-#                                       # against the Triton kernels (forwards and dgrads), DeepSeek-V3's
-#                                       # grouped passes, the rowwise MoE loop (8 microbatches)
 # Results land in $OUT/results.tgz.
 source "$(dirname "$0")/gpu_env.sh"
 moe_loop() {  # moe_loop LIMIT: the MoE training loop (8 microbatches), rowwise and blockwise
@@ -24,17 +21,6 @@ if [ "${1:-check}" = wide ]; then
   step fwd-ab 150 python3 benchmarks/blockwise_ab.py --rounds 3 --stages 3 4 --group-m 8 --block-n 128 256 \
     --csv "$WORK/fwd-ab.csv"
   moe_loop 150
-  exit 0
-fi
-if [ "${1:-check}" = rowwise ]; then
-  install_wheels
-  step gpu-tests 220 python3 -m pytest -q -m "gpu or not gpu" -p no:cacheprovider tests/test_blockwise_ws.py \
-    tests/test_grouped_gemm.py tests/test_moe_mlp.py -k "fp8 or epilogue or compiles or takes or graph or moe"
-  step fwd-ab 130 python3 benchmarks/blockwise_ab.py --granularity rowwise --rounds 3 --stages 3 4 --group-m 8 \
-    --block-n 128 256 --csv "$WORK/rowwise-ab.csv"
-  step passes 120 python3 benchmarks/grouped_passes.py --shapes headline --only deepseek-v3 --csv "$WORK/passes.csv"
-  step moe-acc8 110 python3 benchmarks/training_step.py --suite moe --accumulate 8 --steps 4 --no-torchao \
-    --variants e4m3-rowwise --csv "$WORK/moe_acc8.csv"
   exit 0
 fi
 if [ "${1:-check}" = wgrad ]; then

@@ -87,10 +87,9 @@ def _ptxas_report(ptx: str) -> dict[str, int]:
 
 
 def _instructions(ptx: str) -> dict[str, int]:
-    stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
     return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
-            "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor") - stores,
-            "tma_stores": stores, "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
+            "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
+            "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
 
 
 def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, int]:
@@ -152,12 +151,11 @@ def compile_quantization(packed: bool) -> dict[str, int]:
 
 
 def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int = 128,
-                         stages: int = 4, c_type: str | None = None, per_k_block: bool = True) -> dict[str, int]:
+                         stages: int = 4, c_type: str | None = None) -> dict[str, int]:
     """The warp-specialized blockwise FP8 GEMM (128 x block_n tiles) as the ops launch it: M-grouped
     (the forward and the dgrad: A's scales [rows, K blocks], the weight's [G, N blocks, K blocks]) or the
     token reduction (the wgrad: both operands' scales [token blocks, rows]) into bf16, or adding into a
-    main_grad (`c_type`, default an fp32 one); `per_k_block` False: rowwise, M-grouped, its tiles stored
-    through C's descriptor; with the shared memory it takes (the H100 gives a CTA 227 KB)."""
+    main_grad (`c_type`, default an fp32 one); with the shared memory it takes (the H100 gives a CTA 227 KB)."""
     def descriptor(rows: int) -> str:
         return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
     types = {"a_desc": descriptor(64), "b_desc": descriptor(block_n),
@@ -165,13 +163,7 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
              "offs_ptr": "*i64"}
     unit_strides = {"stride_sam": 1, "stride_sbn": 1} if token_reduction else {"stride_sak": 1, "stride_sbk": 1}
     constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True,
-                 "TOKEN_REDUCTION": token_reduction, "PER_K_BLOCK": per_k_block, "ACCUMULATE": accumulate,
-                 "NUM_PROGRAMS": 132} | unit_strides
-    if token_reduction or per_k_block:
-        constants["c_desc"] = None
-    else:  # rowwise: C's descriptor, each consumer's [64, block_n] bf16 tile
-        layout = gl.NVMMASharedLayout.get_default_for([64, block_n], gl.bfloat16)
-        types["c_desc"] = f"tensordesc<bf16[64, {block_n}],{layout!r}>"
+                 "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
     compiled = _compile(_blockwise_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}

@@ -43,13 +43,7 @@ from dataclasses import replace
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, persistent_programs
@@ -60,7 +54,6 @@ from kernels.common.tma import bind_context, tma_layout
 
 # The TMA load's name since Triton 3.7 (async_copy_global_to_shared before, which 3.7 turned into an error).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 # The CTA's (a partition's, under warp specialization) thread barrier: gl.barrier since Triton 3.7 or so,
 # gl.thread_barrier before.
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -212,13 +205,11 @@ def _block_scales(sa_ptrs, sb_ptrs, kb, row_ok, has_hi, stride_sak, stride_sbn, 
 
 
 @gluon.jit
-def _mma_partition(a_bufs, b_bufs, ratio_bufs, c_bufs, ready, free, c_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr,
-                   M, N, K, G,
+def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                   TOKEN_REDUCTION: gl.constexpr, PER_K_BLOCK: gl.constexpr, ACCUMULATE: gl.constexpr,
-                   NUM_PROGRAMS: gl.constexpr):
+                   TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
@@ -292,45 +283,6 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, c_bufs, ready, free, c_desc, c_pt
                 mbarrier.arrive(free.index(s), count=1)
                 acc += part * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
                 it += 1
-        elif not PER_K_BLOCK:
-            # Rowwise and tensorwise: each K block adds its raw product, and the row and column scales
-            # apply once, below. Nothing runs between the MMAs, so one stays in flight while the next
-            # stage is awaited, and a stage goes back to the producer once the MMA after it is issued.
-            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
-            for kb in range(k_tiles):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
-                                    is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1, pred=kb > 0)
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1, pred=k_tiles > 0)
-            # Clamped to the last row and column, not masked (a predicate per element would take registers
-            # beside the accumulator): the store drops what lies past the edges.
-            sa = gl.load(sa_ptr + gl.minimum(rows, row_end - 1).to(gl.int64) * stride_sam)
-            cols = gl.minimum(col0 + gl.arange(0, BLOCK_N, layout=col_layout), N - 1)
-            sb = gl.load(sb_ptr + g.to(gl.int64) * stride_sbg + cols * stride_sbn)
-            acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
-            # The warpgroup's 64 rows go out through C's descriptor when they all lie in the group: staged in
-            # shared memory and stored by the copy engine while the next tile's MMAs run (its rows past N
-            # dropped by the copy engine); a group's last, partial tile by masked stores from registers.
-            first = row0 + HALF * HALF_M
-            c_tile = c_bufs.index(HALF)
-            tma.store_wait(0)  # the previous tile's store has read the staging tile
-            _thread_barrier()
-            if first + HALF_M <= row_end:
-                c_tile.store(acc.to(c_tile.dtype))
-                fence_async_shared()
-                _thread_barrier()
-                _tma_store(c_desc, [first, col0], c_tile)
-            else:
-                out_rows = first + gl.arange(0, HALF_M, layout=row_layout)
-                out_cols = col0 + gl.arange(0, BLOCK_N, layout=col_layout)
-                c_ptrs = (c_ptr + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(out_cols, 0))
-                gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-                         mask=gl.expand_dims(out_rows < row_end, 1) & gl.expand_dims(out_cols < N, 0))
         else:
             # The tile's columns lie in one 128x128 weight block, or two (BLOCK_N 256: lo and hi). One
             # accumulator holds the sum so far divided by the current block's scale: rescaled by
@@ -369,32 +321,28 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, c_bufs, ready, free, c_desc, c_pt
             if BLOCK_N > BLOCK_K:
                 last = gl.where(in_hi, gl.expand_dims(prev_hi, 1), last)
             acc = acc * last
-        if TOKEN_REDUCTION or PER_K_BLOCK:
-            out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, out_layout))
-            out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-            c_ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1)
-                      + gl.expand_dims(out_cols, 0))
-            mask = gl.expand_dims(out_rows < row_end, 1) & gl.expand_dims(out_cols < N, 0)
-            # ACCUMULATE: summed in fp32, rounded once (the wide token reduction's sum started from C).
-            if ACCUMULATE and not _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
-                out = gl.convert_layout(acc, out_layout) + gl.load(c_ptrs, mask=mask, other=0.0).to(gl.float32)
-                gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
-            else:
-                gl.store(c_ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_layout), mask=mask)
+        out_rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, out_layout))
+        out_cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+        c_ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1)
+                  + gl.expand_dims(out_cols, 0))
+        mask = gl.expand_dims(out_rows < row_end, 1) & gl.expand_dims(out_cols < N, 0)
+        # ACCUMULATE: summed in fp32, rounded once (the wide token reduction's sum started from C).
+        if ACCUMULATE and not _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+            out = gl.convert_layout(acc, out_layout) + gl.load(c_ptrs, mask=mask, other=0.0).to(gl.float32)
+            gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            gl.store(c_ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_layout), mask=mask)
         tile += NUM_PROGRAMS
         g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
             tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
-    if not (TOKEN_REDUCTION or PER_K_BLOCK):
-        tma.store_wait(0)
 
 
 @fast_launch
 @gluon.jit
-def _blockwise_ws_kernel(a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                          BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                         TOKEN_REDUCTION: gl.constexpr, PER_K_BLOCK: gl.constexpr, ACCUMULATE: gl.constexpr,
-                         NUM_PROGRAMS: gl.constexpr):
+                         TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # The wide token reduction's column ratios and scales, two rows a stage (see _mma_partition); a token
@@ -403,24 +351,18 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr
     ratio_cols: gl.constexpr = BLOCK_N if _rescales_columns(TOKEN_REDUCTION, BLOCK_N) else 1
     ratio_bufs = gl.allocate_shared_memory(gl.float32, [ratio_rows, ratio_cols],
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    if TOKEN_REDUCTION or PER_K_BLOCK:  # stored from registers; a token stands in
-        c_bufs = gl.allocate_shared_memory(gl.float32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    else:  # each consumer's tile staged for its TMA store
-        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, HALF_M, BLOCK_N], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=2)  # one arrival per consumer warpgroup
     gl.warp_specialize([
-        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, c_bufs, ready, free, c_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr,
-                          M, N, K, G, stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_K_BLOCK, ACCUMULATE,
-                          NUM_PROGRAMS)),
-        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, c_bufs, ready, free, c_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr,
-                          M, N, K, G, stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, PER_K_BLOCK, ACCUMULATE,
-                          NUM_PROGRAMS)),
+        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
+        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
                            stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION,
                            NUM_PROGRAMS)),
@@ -428,11 +370,10 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr
 
 
 _GL_FP8 = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
-_GL_HALF = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for(block, (_GL_FP8 | _GL_HALF)[t.dtype])
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_FP8[t.dtype])
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
@@ -445,24 +386,20 @@ def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
     return rows if tma_layout(rows) is True else None
 
 
-def shared_bytes(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False,
-                 per_k_block: bool = True) -> int:
+def shared_bytes(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> int:
     """An upper bound of the shared memory a launch takes (tests/hopper_compile.py checks it against the
-    compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each), the
-    output tiles (blockwise and the token reduction: one consumer's, through which the epilogue changes
-    layout; rowwise: both consumers', staged for their TMA stores), the wide token reduction's column ratios
-    and scales (two fp32 rows a stage), and 1 KB for the barriers."""
+    compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each),
+    one consumer's output tile, through which the epilogue changes layout, the wide token reduction's
+    column ratios and scales (two fp32 rows a stage), and 1 KB for the barriers."""
     ratios = 2 * stages * block_n * 4 if _rescales_columns(token_reduction, block_n) else 0
-    out_tiles = 1 if token_reduction or per_k_block else 2
-    return (stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + out_tiles * HALF_M.value * block_n
-            * out_element_size + ratios + 1024)
+    return (stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * block_n * out_element_size
+            + ratios + 1024)
 
 
-def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False,
-         per_k_block: bool = True) -> bool:
-    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most M-grouped blockwise,
-    3 rowwise and as the token reduction)."""
-    return shared_bytes(block_n, stages, out_element_size, token_reduction, per_k_block) <= SHARED_MEMORY_BYTES
+def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> bool:
+    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most M-grouped, 3 as
+    the token reduction)."""
+    return shared_bytes(block_n, stages, out_element_size, token_reduction) <= SHARED_MEMORY_BYTES
 
 
 TRITON_MAX_BLOCK_N = 128
@@ -484,14 +421,6 @@ def token_reduction_tile(cfg: TileConfig, out: torch.Tensor) -> TileConfig:
     return cfg if out.element_size() <= 2 else triton_tile(cfg)
 
 
-def _scale_layout_ok(scales: Scales, token_reduction: bool) -> bool:
-    """Blockwise: 128x128 weight blocks M-grouped, per-row ones as the token reduction. Rowwise and
-    tensorwise (scaled once, in the epilogue): M-grouped only, one scale per output column."""
-    if scales.per_k_block:
-        return scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
-    return not token_reduction and scales.b_out_div == 1
-
-
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
               token_reduction: bool = False) -> bool:
     """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
@@ -502,12 +431,11 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     stages that fit in shared memory."""
     b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
     return (
-        _scale_layout_ok(scales, token_reduction)
+        scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in (64, 128, 256)
         and (not token_reduction or token_reduction_tile(cfg, out) is cfg)
-        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction, scales.per_k_block)
-        and (scales.per_k_block or (out.dtype in _GL_HALF and tma_layout(out) is True))
+        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction)
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
         and torch.cuda.get_device_capability(a.device) == (9, 0)
         and a.dtype in _GL_FP8 and b.dtype in _GL_FP8 and a.shape[-1] > 0
@@ -520,16 +448,13 @@ def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Sc
             accumulate: bool) -> torch.Tensor:
     programs = persistent_programs(a.device, tiles)
     bind_context(a.device)
-    # Rowwise and tensorwise tiles go out through C's descriptor (see _mma_partition).
-    c_desc = None if token_reduction or scales.per_k_block else _descriptor(out, [HALF_M.value, cfg.BLOCK_N])
     _blockwise_ws_kernel[(programs,)](
-        _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(b_rows, [cfg.BLOCK_N, BLOCK_K.value]), c_desc,
+        _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(b_rows, [cfg.BLOCK_N, BLOCK_K.value]),
         out, scales.a, scales.b, a if offs is None else offs,
         M, N, K, G,
         out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,
         BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, GROUPED=offs is not None,
-        TOKEN_REDUCTION=token_reduction, PER_K_BLOCK=scales.per_k_block, ACCUMULATE=accumulate,
-        NUM_PROGRAMS=programs, num_warps=4,
+        TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs, num_warps=4,
     )
     return out
 

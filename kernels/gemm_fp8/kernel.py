@@ -115,9 +115,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
     # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
     # grouped kernel, whose epilogue works in registers.
-    # Rowwise and tensorwise stay on the TMA kernel, whose flattened loop overlaps a tile's epilogue
-    # with the next tile's loads already.
-    if not accumulate and scales.per_k_block and blockwise_ws.supported(a, b[None], out, scales, cfg):
+    if not accumulate and blockwise_ws.supported(a, b[None], out, scales, cfg):
         return blockwise_ws.blockwise_mm(a, b[None], out, scales, cfg)
     if scales.per_k_block:
         cfg = blockwise_ws.triton_tile(cfg)
