@@ -191,8 +191,8 @@ def _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_RO
 def _tile_of_program(column_blocks):
     """(token block, column block) of this program of a 1-D grid, column blocks the faster: programs that
     run side by side read neighbouring column blocks of the same rows, whole rows of x between them. With
-    token blocks the faster, they read one 256-byte piece of each row at a time, rows 4-8 KB apart at
-    the widths of DeepSeek-V3's experts."""
+    token blocks the faster, they read one 256-byte piece of each row at a time, rows 4-14 KB apart at
+    the widths of DeepSeek-V3's experts (docs/performance.md, "... the quantization kernels' grid order")."""
     pid = tl.program_id(0)
     return pid // column_blocks, pid % column_blocks
 
