@@ -9,7 +9,9 @@ experts) and 256 (global), skewed routing (an eighth of the experts draw most pa
 DeepSeek-V3's (256 experts, sigmoid, 8 groups, 4 kept, top-8, a selection bias) on bf16 logits with
 an eighth of the experts favoured, the load-balancing and z-losses in the loss. With CUDA events
 a call's host time shows where it exceeds its GPU time (Triton binds each launch in 50-120 us on the
-lent host: permute is three launches); `--mode cuda-graph` replays captured calls, the GPU time alone.
+lent host: permute is three launches); the router's rows end with a one-op graph's backward(), the
+autograd engine's fixed cost that each fwd+bwd row pays (a training step pays it once); `--mode
+cuda-graph` replays captured calls, the GPU time alone.
 
     python benchmarks/moe_ops.py --csv moe_ops.csv [--mode cuda-graph] [--ops router]"""
 
@@ -178,6 +180,16 @@ def router_rows(tokens: int, timer: Timer) -> list[dict[str, object]]:
             "copy_GBps": float("nan"), "of_copy": float("nan"), "anchor": "torch", "anchor_ms": t_torch,
             "anchor_GBps": nbytes / t_torch / 1e6, "ratio": t_torch / t_ours,
         })
+    # What any op's own backward() call costs here, whatever the op: the autograd engine's fixed cost, which
+    # both fwd+bwd rows above pay and a training step pays once for the whole model.
+    x = torch.zeros(8, device=device, requires_grad=True)
+
+    def one_op_step() -> None:
+        x.grad = None
+        (2 * x).sum().backward()
+
+    rows.append({"label": f"dsv3 T{tokens} E{E}", "pass": "backward() of a one-op graph",
+                 "ours_ms": timer.time(one_op_step).median_ms})
     return rows
 
 
