@@ -18,6 +18,7 @@ import torch
 
 import kernels.common.fp8 as fp8_module
 from harness.timing import Timer
+from kernels.common.device import cdiv
 from kernels.common.fp8 import Granularity, RowGroups, RowSource, quantize_both
 from kernels.grouped_gemm import group_offsets
 from kernels.moe import sort_by_expert
@@ -63,9 +64,9 @@ def replay(launch: tuple, **overrides):
     """A captured launch as a callable, with BLOCK_C / num_warps overridden (the grid's column blocks follow:
     a program per token block and column block)."""
     launcher, grid, args, kwargs = launch
-    token_blocks = grid[0] // -(-kwargs["C"] // kwargs["BLOCK_C"])
+    token_blocks = grid[0] // cdiv(kwargs["C"], kwargs["BLOCK_C"])
     kwargs = {**kwargs, **overrides}
-    grid = (token_blocks * -(-kwargs["C"] // kwargs["BLOCK_C"]),)
+    grid = (token_blocks * cdiv(kwargs["C"], kwargs["BLOCK_C"]),)
     return lambda: launcher[grid](*args, **kwargs)
 
 
