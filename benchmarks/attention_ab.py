@@ -1,14 +1,16 @@
 """The attention forward or backward alone, ours next to SDPA's cuDNN and FlashAttention-2 backends,
 interleaved.
 
-Each round times every variant once, back to back, on the same inputs (L2 flushed before each call), so
-all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4 B H Sq Sk D, halved when
-causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward variants: the
-Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized Gluon one
-(kernels/attention/hopper_ws.py) at each (key block, stages) of `--ws`. Backward (`--pass bwd`): our
-whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they serve the shape, on
-the warp-specialized one (`ws dq`) and as the fused warp-specialized backward (`ws fused`); SDPA's from its
-own forward's graph. For GQA, SDPA gets k and v repeated to the q heads outside its timing.
+Each round times every variant once, back to back in an order of its own, on the same inputs (L2 flushed
+before each call), so all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4 B H Sq
+Sk D, halved when causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward
+variants: the Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized
+Gluon one (kernels/attention/hopper_ws.py) at each key block:stages of `--ws`, with its lazy rescale off and
+on as `--lazy` lists (` lazy`: on; the tuned table's LAZY knob) and, non-causal, on its persistent grid or a
+CTA a tile as `--persistent` lists (` grid`: a CTA a tile). Backward (`--pass bwd`): our whole backward
+(delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they serve the shape, on the warp-
+specialized one (`ws dq`) and as the fused warp-specialized backward (`ws fused`); SDPA's from its own
+forward's graph. For GQA, SDPA gets k and v repeated to the q heads outside its timing.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
     python benchmarks/attention_ab.py --pass bwd --rounds 5 --csv attention_ab_bwd.csv
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import random
 import statistics
 from collections.abc import Callable
 
@@ -39,8 +43,8 @@ SHAPES = {"d128 2x8k h16": (2, 8192, 16, 16, 128, False), "d128 2x8k h16 causal"
           "llama3-8b 4x4k gqa causal": (4, 4096, 32, 8, 128, True)}
 
 
-def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[tuple[int, int]],
-             backward: bool) -> dict[str, Callable[[], object]]:
+def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[tuple[int, int]], lazies: list[int],
+             persistents: list[int], backward: bool) -> dict[str, Callable[[], object]]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
@@ -63,10 +67,11 @@ def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[t
     else:
         triton_cfg = dataclasses.replace(config_for("fwd", D, D), WS=0)
         found["triton"] = lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None, config=triton_cfg)
-        for block_n, stages in ws:
-            if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages):
-                found[f"ws n{block_n} s{stages}"] = lambda n=block_n, st=stages: hopper_ws.forward_ws(
-                    q, k, v, out, lse, causal, scale * LOG2E, n, st)
+        for (block_n, stages), lazy, persistent in itertools.product(ws, lazies, persistents):
+            if hopper_ws.supported(q, k, v, causal, None, False, block_n, stages) and (persistent or not causal):
+                name = f"ws n{block_n} s{stages}{' lazy' if lazy else ''}{'' if persistent else ' grid'}"
+                found[name] = lambda n=block_n, st=stages, z=lazy, p=persistent: hopper_ws.forward_ws(
+                    q, k, v, out, lse, causal, scale * LOG2E, n, st, bool(z), bool(p))
     group = Hq // Hkv
     leaves = [t.transpose(1, 2).detach().requires_grad_(backward)
               for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2))]
@@ -90,7 +95,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--ws", nargs="+", default=["128:2", "128:3", "64:2"],
-                        help="the warp-specialized kernel's key block:stages to time (those that fit)")
+                        help="the warp-specialized forward's key block:stages to time (those that fit)")
+    parser.add_argument("--lazy", nargs="+", type=int, choices=(0, 1), default=[0, 1],
+                        help="the warp-specialized forward's lazy rescale (the tuned table's LAZY knob): each value")
+    parser.add_argument("--persistent", nargs="+", type=int, choices=(0, 1), default=[0, 1],
+                        help="the warp-specialized forward's persistent grid (non-causal; 0: a CTA a tile): each value")
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--csv", default=None)
@@ -102,12 +111,17 @@ def main() -> None:
         if args.only not in label:
             continue
         backward = args.pass_ == "bwd"
-        calls = variants(B, S, Hq, Hkv, D, causal, ws, backward)
+        calls = variants(B, S, Hq, Hkv, D, causal, ws, args.lazy, args.persistent, backward)
         flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1) * (2.5 if backward else 1.0)
         times: dict[str, list[float]] = {name: [] for name in calls}
+        order = list(calls)
+        shuffler = random.Random(0)
         for _ in range(args.rounds):
-            for name, fn in calls.items():
-                times[name].append(timer.time(fn).median_ms)
+            # Each round in its own order: a variant's place in the round (after which neighbour, how far into
+            # the GPU's heating) biased medians by 3-5% when the order was fixed (H100, 2026-11-27).
+            shuffler.shuffle(order)
+            for name in order:
+                times[name].append(timer.time(calls[name]).median_ms)
         anchor = statistics.median(times["sdpa cudnn"])
         for name, samples in times.items():
             ms = statistics.median(samples)

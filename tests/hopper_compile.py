@@ -27,6 +27,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from kernels.attention.hopper_ws import (
     BWD_STAGES,
+    RESCALE_ABOVE,
     _attention_bwd_dq_ws_kernel,
     _attention_bwd_ws_kernel,
     _attention_fwd_ws_kernel,
@@ -176,12 +177,13 @@ def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:
     return f"tensordesc<{element}[{rows}, {head_dim}],{layout!r}>"
 
 
-def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool) -> dict[str, int]:
+def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool, lazy: bool = True) -> dict[str, int]:
     """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16, as forward_ws launches
     it: wgmmas (QK^T from shared memory, PV with P from registers), registers, spills, shared memory."""
     types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(block_n, head_dim),
              "v_desc": _tile_type(block_n, head_dim), "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
-    constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal}
+    constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
+                 "RESCALE_ABOVE": RESCALE_ABOVE if lazy else -1.0, "PERSISTENT": not causal}
     compiled = _compile(_attention_fwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}

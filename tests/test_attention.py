@@ -560,6 +560,44 @@ def test_warp_specialized_forward_on_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "every-block"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_warp_specialized_forward_rescales_exactly_on_gpu(head_dim, causal, lazy):
+    """The forward's lazy rescale (hopper_ws._online_softmax, the tuned table's LAZY knob) keeps the output and
+    the LSE exact: keys scaled up along the sequence (x1 to x12) raise each row's max by ~40-60 in log2 units over
+    1500 keys, so later blocks move it past the threshold while earlier ones leave P far above 1; against float64,
+    into poisoned buffers, beside the output rescaled after every block."""
+    q, k, v, _ = make(2, 700, 1500, 4, 2, head_dim, head_dim, torch.bfloat16, "cuda", seed=3)
+    k = (k.float() * torch.linspace(1.0, 12.0, 1500, device="cuda")[None, :, None, None]).to(torch.bfloat16)
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((2, 4, 700), math.nan, device="cuda")
+    hopper_ws.forward_ws(q, k, v, out, lse, causal, kernel_module.LOG2E / math.sqrt(head_dim), lazy=lazy)
+    assert snr_db(out, reference(q, k, v, torch.zeros_like(q), causal)[0]) >= snr_threshold("bf16")
+    assert torch.isfinite(lse).all() and (lse.double() - reference_lse(q, k, causal)).abs().max() < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_warp_specialized_forward_walks_several_tiles_a_cta_on_gpu(head_dim):
+    """The non-causal forward's persistent grid (one CTA an SM, hopper_ws._softmax_partition): with 288 tiles, a
+    CTA walks two or three, partial query and key blocks among them, GQA; the outputs and LSE equal a CTA a tile's
+    bit for bit, into poisoned buffers, and float64's."""
+    q, k, v, _ = make(3, 1000, 1300, 12, 4, head_dim, head_dim, torch.bfloat16, "cuda", seed=5)
+    scale = kernel_module.LOG2E / math.sqrt(head_dim)
+    found = []
+    for persistent in (True, False):
+        out = torch.full_like(q, math.nan)
+        lse = torch.full((3, 12, 1000), math.nan, device="cuda")
+        hopper_ws.forward_ws(q, k, v, out, lse, False, scale, persistent=persistent)
+        found.append((out, lse))
+    (out, lse), (grid_out, grid_lse) = found
+    assert torch.equal(out, grid_out) and torch.equal(lse, grid_lse)
+    assert snr_db(out, reference(q, k, v, torch.zeros_like(q), False)[0]) >= snr_threshold("bf16")
+    assert (lse.double() - reference_lse(q, k, False)).abs().max() < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fused", [False, True], ids=["dq-pass", "fused"])
 @pytest.mark.parametrize("case", [
     (2, 1000, 1000, 8, 2, 128, False, torch.bfloat16),

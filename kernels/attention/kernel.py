@@ -803,7 +803,7 @@ def forward_into(
     this launch config instead of the tuned table's (benchmarks pin one)."""
     cfg = config or config_for("fwd" if scales is None else "fwd_fp8", shape.head_dim_qk, shape.head_dim_v)
     if cfg.WS and hopper_ws.supported(q, k, v, causal, window, shape.packed):
-        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E)
+        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E, lazy=bool(cfg.LAZY))
         return
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] == 0:

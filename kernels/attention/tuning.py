@@ -13,8 +13,12 @@ runs, and the bwd_q bucket goes unused). The bucket's other knobs are the Triton
 rest (packed, windowed, MLA problems; the dQ pass at d256; `deterministic`). DQ_ATOMIC, in the
 dK/dV buckets only, 1: the Triton dK/dV pass also adds dQ atomically into an fp32 buffer and the dQ pass
 does not run (5 block matmuls per step of the backward instead of 7, at the cost of fp32 atomics and
-bit-exact repeats; the bwd_q bucket then goes unused). HEAD_DIM and ELEMENT_BYTES are no knobs (the search never moves them):
-they tell `fits` the bucket's head dim and operand width.
+bit-exact repeats; the bwd_q bucket then goes unused). LAZY, in the bf16 forward buckets only, 1: the
+warp-specialized forward moves a row's running max only when a key block's rises past it by more than 2^8
+(hopper_ws.RESCALE_ABOVE), and rescales its output tile only after a block that moved some row's max:
+FlashAttention-4's lazy rescale, exact either way (the Triton forward always rescales). HEAD_DIM and
+ELEMENT_BYTES are no knobs (the search never moves them): they tell `fits` the bucket's head dim and operand
+width.
 
 Starting points were the Triton fused-attention tutorial's Hopper choices (a 128x64 forward tile with 3
 stages; narrow query blocks against wide key blocks for dK/dV, the transpose for dQ; smaller tiles at
@@ -26,7 +30,10 @@ where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85
 benchmarks/attention_ab.py): the forward on at every head dim (1.25-1.6x the Triton forward), the dQ pass
 at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backward at every head dim (the
 backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at d64, 1.6-1.9x the Triton
-two-pass one at d256).
+two-pass one at d256). LAZY (2026-11-27, attention_ab.py, 101 rounds in shuffled order, H100): on at d128 and
+d256 (the warp-specialized forward 1.021-1.027x non-causal, 1.021-1.038x causal), off at d64 (0.95-0.96x). The
+same change in the Triton forward ran 0.89-0.96x at d128 and d256 (1.07-1.09x at d64; its FP8 forward 0.92-0.96x;
+H200): it stays out of them.
 """
 
 from __future__ import annotations
@@ -45,12 +52,13 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "TMA": (0, 1),
     "DQ_ATOMIC": (0, 1),
     "WS": (0, 1),
+    "LAZY": (0, 1),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 64},
-    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
-    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 1, "HEAD_DIM": 256},
+    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 64},
+    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 128},
+    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 1, "LAZY": 1, "HEAD_DIM": 256},
     "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "WS": 1, "HEAD_DIM": 64},
     "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 256},
@@ -64,7 +72,8 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
 # Knobs of some passes only, held by their buckets alone (the search never adds a knob to a bucket).
-PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_kv", "bwd_q")}
+PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_kv", "bwd_q"),
+                                          "LAZY": ("fwd",)}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
@@ -78,6 +87,7 @@ class AttentionConfig:
     TMA: int
     DQ_ATOMIC: int = 0
     WS: int = 0
+    LAZY: int = 0
 
 
 def padded_head_dim(head_dim_qk: int, head_dim_v: int) -> int:
