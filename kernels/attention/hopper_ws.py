@@ -9,10 +9,13 @@ that wait on them. Here the roles are split, as in FlashAttention-3 and kernels/
   on barriers of their own, so a block's QK^T starts before its V has landed), after loading the
   CTA's 128 query rows once;
 - two consumer warpgroups, each owning 64 of those rows, run QK^T (both operands from shared memory),
-  the online softmax in registers (base 2, the scale and the running max in one FMA), and PV with P straight
-  from registers (wgmma's register A operand: P is never written to shared memory), then release the
-  stage. They meet only at the stage barriers, so one warpgroup's softmax runs under the other's
-  matmuls.
+  the online softmax in registers (base 2, the scale and the running max in one FMA; the max moved lazily,
+  as FlashAttention-4 does: _online_softmax), and PV with P straight from registers (wgmma's register A
+  operand: P is never written to shared memory), then release the stage. They meet only at the stage
+  barriers, so one warpgroup's softmax runs under the other's matmuls;
+- non-causal launches are persistent (one CTA an SM walking the tiles, the ring running on from tile to
+  tile: the producer loads the next tile's q once both consumers have computed the last one's scores, while
+  they finish its products and store it); causal tiles shorten along a head, and run one a CTA.
 
 What it serves (`supported`): dense (not packed) bf16/fp16 problems with head dim 64, 128 or 256 for q,
 k and v, no sliding window, causal only with Sq <= Sk (every query then sees key 0, so no row's first
