@@ -1,16 +1,17 @@
 """The attention forward or backward alone, ours next to SDPA's cuDNN and FlashAttention-2 backends,
 interleaved.
 
-Each round times every variant once, back to back in an order of its own, on the same inputs (L2 flushed
-before each call), so all see the same GPU state; the rounds' median is reported, in TFLOPS (forward 4 B H Sq
-Sk D, halved when causal, flash-attn's count; backward 2.5x that) and as a ratio to SDPA cuDNN. Forward
-variants: the Triton forward under the tuned table's bucket with WS off (`triton`), and the warp-specialized
-Gluon one (kernels/attention/hopper_ws.py) at each key block:stages of `--ws`, with its lazy rescale off and
-on as `--lazy` lists (` lazy`: on; the tuned table's LAZY knob) and, non-causal, on its persistent grid or a
-CTA a tile as `--persistent` lists (` grid`: a CTA a tile). Backward (`--pass bwd`): our whole backward
-(delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they serve the shape, on the warp-
-specialized one (`ws dq`) and as the fused warp-specialized backward (`ws fused`); SDPA's from its own
-forward's graph. For GQA, SDPA gets k and v repeated to the q heads outside its timing.
+Each round times every variant once, back to back in an order of its own (passes_report.interleaved_rounds),
+on the same inputs (L2 flushed before each call), so all see the same GPU state; the rounds' median is
+reported, in TFLOPS (forward 4 B H Sq Sk D, halved when causal, flash-attn's count; backward 2.5x that) and as
+a ratio to SDPA cuDNN. Forward variants: the Triton forward under the tuned table's bucket with WS off
+(`triton`), and the warp-specialized Gluon one (kernels/attention/hopper_ws.py) at each key block:stages of
+`--ws`, with its lazy rescale off and on as `--lazy` lists (` lazy`: on; the tuned table's LAZY knob) and,
+non-causal, on its persistent grid or a CTA a tile as `--persistent` lists (` grid`: a CTA a tile). Backward
+(`--pass bwd`): our whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they
+serve the shape, on the warp-specialized one (`ws dq`) and as the fused warp-specialized backward
+(`ws fused`); SDPA's from its own forward's graph. For GQA, SDPA gets k and v repeated to the q heads outside
+its timing.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
     python benchmarks/attention_ab.py --pass bwd --rounds 5 --csv attention_ab_bwd.csv
@@ -21,13 +22,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import random
 import statistics
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from passes_report import report
+from passes_report import interleaved_rounds, report
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
@@ -113,15 +113,7 @@ def main() -> None:
         backward = args.pass_ == "bwd"
         calls = variants(B, S, Hq, Hkv, D, causal, ws, args.lazy, args.persistent, backward)
         flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1) * (2.5 if backward else 1.0)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        order = list(calls)
-        shuffler = random.Random(0)
-        for _ in range(args.rounds):
-            # Each round in its own order: a variant's place in the round (after which neighbour, how far into
-            # the GPU's heating) biased medians by 3-5% when the order was fixed (H100, 2026-11-27).
-            shuffler.shuffle(order)
-            for name in order:
-                times[name].append(timer.time(calls[name]).median_ms)
+        times = interleaved_rounds(calls, timer, args.rounds)
         anchor = statistics.median(times["sdpa cudnn"])
         for name, samples in times.items():
             ms = statistics.median(samples)

@@ -10,8 +10,8 @@ writing a fresh gradient and adding into a bf16 main_grad, against the Triton ke
 table's config (narrowed to 128 wide, as the ops' Triton fallback runs it) and the same 128x128 tile
 (`--block-n 128 256`: the warp-specialized kernel's promoting
 128-wide tile and its rescaled 256-wide one). Each round times every
-variant once, back to back, so all see the same GPU state; the rounds' median is the sustained
-figure, their max what a cool GPU gives.
+variant once, back to back in an order of its own (passes_report.interleaved_rounds), so all see the
+same GPU state; the rounds' median is the sustained figure, their max what a cool GPU gives.
 
     python benchmarks/blockwise_ab.py --rounds 5 --csv blockwise_ab.csv
     python benchmarks/blockwise_ab.py --pass wgrad --rounds 5 --csv blockwise_wgrad_ab.csv
@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from passes_report import report
+from passes_report import interleaved_rounds, report
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.timing import Timer
@@ -137,10 +137,8 @@ def main() -> None:
     shapes, make = (WGRAD_SHAPES, wgrad_variants) if args.pass_name == "wgrad" else (SHAPES, variants)
     for label, (G, M, N, K) in shapes.items():
         runs = make(G, M, N, K, args.stages, args.group_m, args.block_n)
-        tflops: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                tflops[name].append(2.0 * M * N * K / timer.time(run).median_ms / 1e9)
+        tflops = {name: [2.0 * M * N * K / ms / 1e9 for ms in samples]
+                  for name, samples in interleaved_rounds(runs, timer, args.rounds).items()}
         rows += [{"label": label, "pass": name, "median_tflops": statistics.median(t), "max_tflops": max(t),
                   "min_tflops": min(t)} for name, t in tflops.items()]
     report(rows, f"blockwise FP8 {args.pass_name}, {args.rounds} interleaved rounds",

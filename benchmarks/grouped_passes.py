@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from passes_report import add_common_arguments, report, sweep_row
+from passes_report import add_common_arguments, interleaved_rounds, report, sweep_row
 
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.shapes import load_shapes
@@ -44,7 +44,8 @@ from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, config_for, row_sca
 
 def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer, rounds: int) -> list[dict[str, object]]:
     """Every pass of one shape and its anchor, timed in `rounds` interleaved rounds (each round times each
-    callable once, so the passes and their anchors see the same GPU state); a pass's ratio is the median
+    callable once, in an order of its own, so the passes and their anchors see the same GPU state and no place
+    in the round; passes_report.interleaved_rounds); a pass's ratio is the median
     of its per-round ratios, with their spread. FP8 passes are held to the bf16 pass's torch anchor (the
     forward to `torch._grouped_mm`, and so on): issue 15's per-pass target."""
     a, b, g, lens = inputs["a"], inputs["b"], inputs["grad_out"], inputs["group_lens"]
@@ -106,10 +107,7 @@ def rows_for_shape(label: str, inputs: dict[str, torch.Tensor], timer: Timer, ro
          G * N * K * (elt + 1)),
     ]
     calls = {**anchors, **{name: fn for name, fn, _ in passes}, **{name: fn for name, fn, _ in bandwidths}}
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            times[name].append(timer.time(fn).median_ms)
+    times = interleaved_rounds(calls, timer, rounds)
     rows: list[dict[str, object]] = []
     for name, _, anchor in passes:
         ratios = [t_anchor / t for t_anchor, t in zip(times[anchor], times[name], strict=True)]
