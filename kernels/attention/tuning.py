@@ -30,8 +30,9 @@ where the searches did not choose them (at d128 TMA is a wash and atomic dQ 0.85
 benchmarks/attention_ab.py): the forward on at every head dim (1.25-1.6x the Triton forward), the dQ pass
 at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backward at every head dim (the
 backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at d64, 1.6-1.9x the Triton
-two-pass one at d256). LAZY (2026-11-27, attention_ab.py, 101 rounds in shuffled order, H100): on at d128 and
-d256 (the warp-specialized forward 1.021-1.027x non-causal, 1.021-1.038x causal), off at d64 (0.95-0.96x). The
+two-pass one at d256). LAZY (2026-11-27, attention_ab.py, two calls of 101 and 151 rounds in shuffled order,
+H100): on at d128 and d256 (the warp-specialized forward 1.025-1.027x and 1.021-1.038x non-causal, 0.999-1.038x
+causal), off at d64 (0.95-0.97x). The
 same change in the Triton forward ran 0.89-0.96x at d128 and d256 (1.07-1.09x at d64; its FP8 forward 0.92-0.96x;
 H200): it stays out of them.
 """
