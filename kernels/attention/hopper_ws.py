@@ -319,6 +319,8 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready
     """A consumer warpgroup of the forward: its rows of the CTA's tile (PERSISTENT: of tiles program_id,
     program_id + programs, ..., the ring's position running on from tile to tile)."""
     q = q_smem.index(HALF)
+    # A tile a CTA runs outside any loop: one loop for both cost the causal forward a spilled register a tile
+    # (16 B, ptxas of Triton 3.9), which the compile test refuses. The producer is split the same way.
     if PERSISTENT:
         position = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):

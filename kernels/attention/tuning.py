@@ -32,9 +32,8 @@ at d128 (the backward 1.04-1.08x; 0.99-1.02x at d64, left off), the fused backwa
 backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at d64, 1.6-1.9x the Triton
 two-pass one at d256). LAZY (2026-11-27, attention_ab.py, two calls of 101 and 151 rounds in shuffled order,
 H100): on at d128 and d256 (the warp-specialized forward 1.025-1.027x and 1.021-1.038x non-causal, 0.999-1.038x
-causal), off at d64 (0.95-0.97x). The
-same change in the Triton forward ran 0.89-0.96x at d128 and d256 (1.07-1.09x at d64; its FP8 forward 0.92-0.96x;
-H200): it stays out of them.
+causal), off at d64 (0.95-0.97x). The same change in the Triton forward ran 0.89-0.96x at d128 and d256
+(1.07-1.09x at d64; its FP8 forward 0.92-0.96x; H200): it stays out of them.
 """
 
 from __future__ import annotations
