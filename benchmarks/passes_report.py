@@ -4,7 +4,6 @@ reporting the rows (CSV, a table, the geomean ratio to the anchor by pass)."""
 from __future__ import annotations
 
 import argparse
-import random
 from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
@@ -26,18 +25,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, family: str, default_s
 
 def interleaved_rounds(calls: Mapping[str, Callable[[], object]], timer: Timer, rounds: int,
                        seed: int = 0) -> dict[str, list[float]]:
-    """Each call's median ms in each of `rounds` rounds; a round times every call once, back to back, so all see
-    the same GPU state, and in an order of its own (drawn from `seed`): with one fixed order, a call's place in
-    the round (after which neighbour, how far into the GPU's heating) moved its median by 4-6% between calls of
-    benchmarks/attention_ab.py, where shuffled rounds agreed within 0.1-2.3% (H100, 2026-11-27)."""
-    order = list(calls)
-    shuffler = random.Random(seed)
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        shuffler.shuffle(order)
-        for name in order:
-            times[name].append(timer.time(calls[name]).median_ms)
-    return times
+    """Each call's median ms in each of `rounds` rounds of `timer.repeats` calls, every round in an order of its
+    own (Timer.time_interleaved)."""
+    timed = timer.time_interleaved(calls, rounds, timer.repeats, seed)
+    return {name: got.medians() for name, got in timed.items()}
 
 
 def sweep_row(timer: Timer, run: Callable[[], object], label: str, pass_name: str, flops: float) -> dict | None:

@@ -23,6 +23,9 @@ class TimingInfo(BaseModel):
     repeats: int
     warmup: int
     l2_flush: bool
+    # The repeats spread over this many interleaved rounds of every runner timed (1 in sidecars written
+    # before the rounds: each runner's repeats back to back, ours first).
+    rounds: int = 1
     note: str = ""
 
 

@@ -2,8 +2,9 @@
 
 For every shape: fresh seeded inputs, the float64 reference, then for our runner (and each baseline,
 on the same inputs) the outputs are NaN-poisoned, forward and backward run once and every output
-is checked by SNR; then forward and backward are timed separately. A shape that raises is a FAIL
-row with NaN metrics, and the run goes on.
+is checked by SNR; then every runner's forward and backward are timed separately, in interleaved
+rounds of shuffled order (ours and the baselines see the same GPU state). A shape that raises is a
+FAIL row with NaN metrics, and the run goes on.
 
 Our runner is also checked the way training calls it (`--checks full`, the default): through the
 autograd API twice in a row, with grad disabled, on the outputs of its timed calls, with no thread
@@ -13,13 +14,14 @@ which are not CSV rows: their labels and failures go to the sidecar.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import re
 import threading
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -33,7 +35,7 @@ from harness.rules import load_rules
 from harness.schema import FAIL, PASS, CsvSchema, get_schema, write_summary
 from harness.shapes import Shape, split_tokens
 from harness.snr import norm, snr_db, snr_passes, snr_threshold
-from harness.timing import INTERPRETER_NOTE, Timer, Timing
+from harness.timing import INTERPRETER_NOTE, CallFailed, Timer, Timing
 from kernels.common.device import default_device, interpreter_mode
 from kernels.common.dtypes import dtype_from_name, dtype_name
 from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
@@ -287,12 +289,75 @@ def _time_fresh(spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors,
     return fwd, timer.time_each([functools.partial(runner.backward, problem, s, outputs) for s in sets]), sets[-1]
 
 
-def run_runner(
-    spec: OpSpec, runner: Runner, problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
+# Rounds the runners of a shape are timed in (Timer.time_interleaved), the repeats spread over them.
+TIMING_ROUNDS = 5
+
+
+@dataclass(eq=False)
+class _Trial:
+    """One runner on one shape while run_runners checks and times it: its output buffers, what its checks
+    found, its timings, or (`error`) why it failed."""
+
+    runner: Runner
+    ours: bool
+    outputs: Tensors = field(default_factory=dict)
+    snrs: dict[str, float] = field(default_factory=dict)
+    wrong: list[str] = field(default_factory=list)  # outputs under their SNR threshold
+    checking: bool = False  # the full checks go on (ours under `--checks full`, right so far)
+    fwd: Timing = NAN_TIMING
+    bwd: Timing = NAN_TIMING
+    fresh_fwd: Timing = NAN_TIMING
+    fresh_bwd: Timing = NAN_TIMING
+    error: str | None = None
+
+    def result(self, shape: Shape, dims: dict[str, int], work: tuple[float, float]) -> ShapeResult:
+        if self.error is not None:
+            return _failed(shape, dims, self.error, work)
+        return ShapeResult(shape, dims, FAIL if self.wrong else PASS, self.snrs, self.fwd, self.bwd, work,
+                           fresh_fwd=self.fresh_fwd, fresh_bwd=self.fresh_bwd)
+
+
+@contextlib.contextmanager
+def _failure_of(trial: _Trial) -> Iterator[None]:
+    """Run a phase of a trial: an exception ends the trial (its error), not the shape or the other runners."""
+    try:
+        yield
+    except CheckFailed as exc:
+        trial.error = f"check: {exc}"
+    except Exception as exc:  # one bad runner must not end the run: it becomes a FAIL row
+        trial.error = _describe(exc)
+
+
+def _time_in_rounds(trials: Sequence[_Trial], problem: Problem, inputs: Tensors, timer: Timer) -> None:
+    """Every trial's forward and backward timed in interleaved rounds, each round in an order of its own
+    (Timer.time_interleaved): ours and the baselines see the same GPU state, none a fixed place (timed one
+    after the other, the runners timed later read up to 8% faster or slower than in a shuffled order). A
+    runner that raises fails, and the others are timed again without it."""
+    live = list(trials)
+    while live:
+        calls: dict[tuple[int, str], Callable[[], object]] = {}
+        for i, trial in enumerate(live):
+            calls[i, "fwd"] = functools.partial(trial.runner.forward, problem, inputs, trial.outputs)
+            if trial.runner.backward:
+                calls[i, "bwd"] = functools.partial(trial.runner.backward, problem, inputs, trial.outputs)
+        try:
+            timed = timer.time_interleaved(calls, min(TIMING_ROUNDS, timer.repeats))
+        except CallFailed as exc:
+            failed = live.pop(exc.key[0])
+            failed.error = _describe(exc.__cause__ or exc)
+            continue
+        for (i, pass_), rounds in timed.items():
+            setattr(live[i], pass_, rounds.pooled())
+        return
+
+
+def run_runners(
+    spec: OpSpec, runners: Sequence[Runner], problem: Problem, inputs: Tensors, ref: Tensors, shape: Shape,
     dims: dict[str, int], timer: Timer, extra_checks: Sequence[Problem] = (), fresh_sets: int = 0,
     full_checks: bool = False, recheck: bool = True,
-) -> ShapeResult:
-    """Check one runner on one shape, time fwd and bwd, then check again.
+) -> dict[str, ShapeResult]:
+    """Check each runner on one shape, time their forward and backward passes together in interleaved
+    rounds (_time_in_rounds), then check each again. Returns a result per runner name.
 
     Checks: outputs NaN-poisoned first, inputs unchanged, no near-zero output, SNR per output; then
     every problem of `extra_checks` (other splits of a grouped shape); after timing, the same input
@@ -301,61 +366,66 @@ def run_runner(
     that many fresh input sets. A forward-only baseline is checked and timed on the forward alone
     (backward columns NaN).
 
-    `full_checks` (our runner under `--checks full`) adds the checks that follow what training does:
-    no thread left running by a checked call; the direct check again with grad disabled; the outputs
-    of the timed calls (into buffers of finite garbage, and of the last fresh set); and two training
-    steps through the autograd API (`_check_training`), after timing so that a verdict on the timed
-    calls does not depend on what the allocator handed the training step.
+    `full_checks` adds the checks that follow what training does: no thread left running by a checked
+    call; the direct check again with grad disabled; the outputs of the timed calls (into buffers of
+    finite garbage, and of the last fresh set); and two training steps through the autograd API
+    (`_check_training`), after timing so that a verdict on the timed calls does not depend on what the
+    allocator handed the training step. `extra_checks`, `fresh_sets` and `full_checks` are for our
+    runner (spec.runner) only: baselines are the vendor's, trusted.
 
     `recheck` False skips the check on refilled inputs (a `Screen`'s inputs must keep the values its
     reference is of).
     """
     work = work_of(spec, problem)
-    backward = runner.backward
-    checked = spec.outputs if backward else spec.forward_outputs
     formats = spec.snr_formats(problem)
-    fresh_fwd = fresh_bwd = NAN_TIMING
-    try:
-        outputs = spec.make_outputs(problem, inputs)
-        snrs = _check_outputs(spec, runner, problem, inputs, ref, outputs, checked, watch_threads=full_checks)
-        failing = _failing(snrs, formats)
-        for extra in extra_checks:
-            extra_inputs = spec.make_inputs(extra)
-            extra_snrs = _check_outputs(spec, runner, extra, extra_inputs, spec.reference(extra_inputs),
-                                        spec.make_outputs(extra, extra_inputs), checked, watch_threads=full_checks)
-            wrong = _failing(extra_snrs, formats)
-            if wrong:
-                raise CheckFailed(f"wrong on split {list(extra.group_lens)}: {', '.join(wrong)}")
-        checking = full_checks and not failing
-        if checking:
-            _check_grad_disabled(spec, runner, problem, inputs, ref, outputs, checked, formats)
-            _fill_garbage(outputs, problem.seed)
-        fwd = timer.time(lambda: runner.forward(problem, inputs, outputs))
-        bwd = timer.time(lambda: backward(problem, inputs, outputs)) if backward else NAN_TIMING
-        # CUDA-graph replays run the captured kernels and none of the op's Python, so no per-call
-        # decision (the skipped work this check looks for) can differ between the captured call and
-        # the timed ones; the audit refuses code that behaves differently under capture.
-        if checking and timer.mode != "cuda-graph":
-            _expect_right(outputs, ref, checked, formats, "timed output")
-        if fresh_sets:
-            fresh_fwd, fresh_bwd, last = _time_fresh(spec, runner, problem, inputs, outputs, timer, fresh_sets)
-            if checking:
-                _expect_right(outputs, spec.reference(last), checked, formats, "timed output (last fresh input set)")
-            del last  # an input set's memory, before the references below
-        if recheck and not failing:
-            _refill_in_place(spec, problem, inputs)
-            recheck = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), outputs, checked,
-                                              watch_threads=full_checks), formats)
-            if recheck:
-                raise CheckFailed(f"wrong after timing on refilled inputs: {', '.join(recheck)}")
-        if checking and spec.train_step:
-            _check_training(spec, problem, formats)
-    except CheckFailed as exc:
-        return _failed(shape, dims, f"check: {exc}", work)
-    except Exception as exc:  # one bad shape must not end the run: it becomes a FAIL row
-        return _failed(shape, dims, _describe(exc), work)
-    return ShapeResult(shape, dims, PASS if not failing else FAIL, snrs, fwd, bwd, work,
-                       fresh_fwd=fresh_fwd, fresh_bwd=fresh_bwd)
+    trials = [_Trial(r, r is spec.runner) for r in runners]
+
+    def checked(trial: _Trial) -> tuple[str, ...]:
+        return spec.outputs if trial.runner.backward else spec.forward_outputs
+
+    for trial in trials:
+        with _failure_of(trial):
+            runner, watch = trial.runner, trial.ours and full_checks
+            trial.outputs = spec.make_outputs(problem, inputs)
+            trial.snrs = _check_outputs(spec, runner, problem, inputs, ref, trial.outputs, checked(trial), watch)
+            trial.wrong = _failing(trial.snrs, formats)
+            for extra in extra_checks if trial.ours else ():
+                extra_inputs = spec.make_inputs(extra)
+                wrong = _failing(_check_outputs(spec, runner, extra, extra_inputs, spec.reference(extra_inputs),
+                                                spec.make_outputs(extra, extra_inputs), checked(trial), watch),
+                                 formats)
+                if wrong:
+                    raise CheckFailed(f"wrong on split {list(extra.group_lens)}: {', '.join(wrong)}")
+            trial.checking = watch and not trial.wrong
+            if trial.checking:
+                _check_grad_disabled(spec, runner, problem, inputs, ref, trial.outputs, checked(trial), formats)
+                _fill_garbage(trial.outputs, problem.seed)
+    _time_in_rounds([t for t in trials if t.error is None], problem, inputs, timer)
+    for trial in (t for t in trials if t.error is None):
+        with _failure_of(trial):
+            runner, watch = trial.runner, trial.ours and full_checks
+            # CUDA-graph replays run the captured kernels and none of the op's Python, so no per-call
+            # decision (the skipped work this check looks for) can differ between the captured call and
+            # the timed ones; the audit refuses code that behaves differently under capture.
+            if trial.checking and timer.mode != "cuda-graph":
+                _expect_right(trial.outputs, ref, checked(trial), formats, "timed output")
+            if trial.ours and fresh_sets:
+                trial.fresh_fwd, trial.fresh_bwd, last = _time_fresh(spec, runner, problem, inputs, trial.outputs,
+                                                                     timer, fresh_sets)
+                if trial.checking:
+                    _expect_right(trial.outputs, spec.reference(last), checked(trial), formats,
+                                  "timed output (last fresh input set)")
+                del last  # an input set's memory, before the references below
+            if recheck and not trial.wrong:
+                _refill_in_place(spec, problem, inputs)
+                wrong = _failing(_check_outputs(spec, runner, problem, inputs, spec.reference(inputs), trial.outputs,
+                                                checked(trial), watch), formats)
+                if wrong:
+                    raise CheckFailed(f"wrong after timing on refilled inputs: {', '.join(wrong)}")
+            if trial.checking and spec.train_step:
+                _check_training(spec, problem, formats)
+        trial.outputs = {}  # its memory, before the next runner's references
+    return {trial.runner.name: trial.result(shape, dims, work) for trial in trials}
 
 
 def skew_checks(problem: Problem) -> list[Problem]:
@@ -387,16 +457,8 @@ def run_shape(run: BenchRun, shape: Shape) -> dict[str, ShapeResult]:
     except Exception as exc:
         error = _describe(exc)
         return {r.name: _failed(shape, dims, error, (math.nan, math.nan)) for r in run.runners}
-    # Extra splits, fresh-input timing and the full checks are for our kernel only: baselines are the
-    # vendor's, trusted.
-    extra = skew_checks(problem)
-    results = {}
-    for i, r in enumerate(run.runners):
-        if i:  # the runner before re-checked itself on refilled inputs: back to the values `ref` is of
-            _refill_in_place(spec, problem, inputs, offset=0)
-        ours = r is spec.runner
-        results[r.name] = run_runner(spec, r, problem, inputs, ref, shape, dims, run.timer, extra if ours else [],
-                                     run.fresh_sets if ours else 0, ours and run.checks == "full")
+    results = run_runners(spec, run.runners, problem, inputs, ref, shape, dims, run.timer, skew_checks(problem),
+                          run.fresh_sets, run.checks == "full")
     del inputs, ref
     return results
 
@@ -466,8 +528,9 @@ class Screen:
             except Exception as exc:  # as in run_shape: the shape fails, the others are measured
                 results.append(_failed(shape, dims, _describe(exc), (math.nan, math.nan)))
                 continue
-            results.append(run_runner(run.spec, run.spec.runner, problem, inputs, ref, shape, dims, run.timer,
-                                      recheck=False))
+            runner = run.spec.runner
+            results.append(run_runners(run.spec, [runner], problem, inputs, ref, shape, dims, run.timer,
+                                       recheck=False)[runner.name])
         return results
 
 
@@ -550,8 +613,8 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
     """Write our summary CSV, one CSV per baseline (same schema and labels) and a sidecar for each."""
     env = environment(run.timer.device)
     timing = TimingInfo(
-        mode=run.timer.mode, repeats=run.timer.repeats, warmup=run.timer.warmup,
-        l2_flush=run.timer.flushes_l2, note=INTERPRETER_NOTE if interpreter_mode() else "",
+        mode=run.timer.mode, repeats=run.timer.repeats, warmup=run.timer.warmup, l2_flush=run.timer.flushes_l2,
+        rounds=min(TIMING_ROUNDS, run.timer.repeats), note=INTERPRETER_NOTE if interpreter_mode() else "",
     )
     csv_paths = {name: summary_csv if name == run.spec.runner.name else baseline_csv_path(summary_csv, name)
                  for name in run.results}

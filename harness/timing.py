@@ -2,16 +2,20 @@
 finished before the call starts, so that a call's host time is never hidden behind it), median
 and population stddev over the repeats; a CUDA-graph mode that replays a captured call; and a
 wall-clock fallback for the CPU interpreter, whose numbers prove the plumbing, never performance.
-`time_each` times a sequence of different calls once each (fresh input sets) by the same method.
+`time_each` times a sequence of different calls once each (fresh input sets) by the same method;
+`time_interleaved` times several calls in rounds, each round in an order of its own, so that calls
+compared with each other (ours and a baseline, a candidate and the best) see the same GPU state.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 
@@ -32,6 +36,32 @@ class Timing:
     median_ms: float
     stddev_ms: float
     samples: int
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """One call's samples (ms) from Timer.time_interleaved, round by round."""
+
+    samples: tuple[tuple[float, ...], ...]
+
+    def pooled(self) -> Timing:
+        """Median and stddev over every sample of every round."""
+        return summarize([ms for round_ in self.samples for ms in round_])
+
+    def medians(self) -> list[float]:
+        """Each round's median."""
+        return [statistics.median(round_) for round_ in self.samples]
+
+
+class CallFailed(Exception):
+    """A call of Timer.time_interleaved raised: `key` names it, the exception is chained."""
+
+    def __init__(self, key: Hashable) -> None:
+        super().__init__(f"timed call {key!r} raised")
+        self.key = key
+
+
+K = TypeVar("K", bound=Hashable)
 
 
 def summarize(samples_ms: Sequence[float]) -> Timing:
@@ -79,25 +109,57 @@ class Timer:
     def time(self, fn: Callable[[], object]) -> Timing:
         """`warmup` untimed calls of fn, then `repeats` timed ones (replays of one captured call in
         cuda-graph mode)."""
+        return summarize(self._time_calls([self._warmed_up(fn)] * self.repeats))
+
+    def time_interleaved(self, calls: Mapping[K, Callable[[], object]], rounds: int,
+                         repeats_per_round: int | None = None, seed: int = 0) -> dict[K, Rounds]:
+        """Each call warmed up (and captured, in cuda-graph mode), then timed in `rounds` rounds: a round
+        times every call `repeats_per_round` times back to back (by default the repeats spread over the
+        rounds), the calls in an order of their own each round, drawn from `seed`. So calls compared with
+        each other see the same GPU state and none has a fixed place in the round: with one fixed order, a
+        call's place (after which neighbour, how far into the GPU's heating) moved its median by 4-8%
+        between calls of benchmarks/attention_ab.py, where shuffled rounds agreed within 0.1-2.3% (H100,
+        2026-11-27). A call that raises raises CallFailed naming it, the call's exception chained."""
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        per_round = repeats_per_round or math.ceil(self.repeats / rounds)
+        prepared = {key: self._failing_as(key, self._warmed_up, fn) for key, fn in calls.items()}
+        order = list(prepared)
+        shuffler = random.Random(seed)
+        samples: dict[K, list[tuple[float, ...]]] = {key: [] for key in prepared}
+        for _ in range(rounds):
+            shuffler.shuffle(order)
+            for key in order:
+                samples[key].append(tuple(self._failing_as(key, self._time_calls, [prepared[key]] * per_round)))
+        return {key: Rounds(tuple(got)) for key, got in samples.items()}
+
+    @staticmethod
+    def _failing_as(key: Hashable, step: Callable, *args: object):
+        try:
+            return step(*args)
+        except Exception as exc:
+            raise CallFailed(key) from exc
+
+    def _warmed_up(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """fn after `warmup` untimed calls; in cuda-graph mode, the replay of one captured call."""
         for _ in range(self.warmup):
             fn()
-        if self.mode == "cuda-graph":
-            fn = self._capture(fn)
-        return self._time_calls([fn] * self.repeats)
+        return self._capture(fn) if self.mode == "cuda-graph" else fn
 
     def time_each(self, calls: Sequence[Callable[[], object]]) -> Timing:
         """Each call timed once, in order, with no warm-up (the caller warms up): timing a different input
         set per call, whatever the repeats. Not in cuda-graph mode, which replays one captured call."""
         if self.mode == "cuda-graph":
             raise ValueError("cuda-graph timing replays one captured call: it cannot time a sequence of calls")
-        return self._time_calls(calls)
+        return summarize(self._time_calls(calls))
 
-    def _time_calls(self, calls: Sequence[Callable[[], object]]) -> Timing:
+    def _time_calls(self, calls: Sequence[Callable[[], object]]) -> list[float]:
+        """Each call's ms, in order."""
         if self.mode == "interpreter-wallclock":
             return self._time_wallclock(calls)
         return self._time_events(calls)
 
-    def _time_wallclock(self, calls: Sequence[Callable[[], object]]) -> Timing:
+    def _time_wallclock(self, calls: Sequence[Callable[[], object]]) -> list[float]:
         samples = []
         for fn in calls:
             start = time.perf_counter()
@@ -105,9 +167,9 @@ class Timer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             samples.append((time.perf_counter() - start) * 1e3)
-        return summarize(samples)
+        return samples
 
-    def _time_events(self, calls: Sequence[Callable[[], object]]) -> Timing:
+    def _time_events(self, calls: Sequence[Callable[[], object]]) -> list[float]:
         assert self._flush is not None
         starts = [torch.cuda.Event(enable_timing=True) for _ in calls]
         ends = [torch.cuda.Event(enable_timing=True) for _ in calls]
@@ -120,7 +182,7 @@ class Timer:
             fn()
             end.record()
         torch.cuda.synchronize(self.device)
-        return summarize([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
     def _capture(self, fn: Callable[[], object]) -> Callable[[], object]:
         """Capture one call into a CUDA graph (after warm-up on a side stream, as capture requires)."""

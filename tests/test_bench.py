@@ -1,4 +1,5 @@
 import dataclasses
+import itertools
 import json
 import math
 
@@ -39,11 +40,51 @@ def test_smoke_bench_writes_frozen_csv_and_interpreter_sidecar(tmp_path):
 
 
 def test_baselines_are_checked_on_the_inputs_their_reference_is_of():
-    """Each runner re-checks itself on refilled inputs after timing; the next one starts from the values
-    the shape's reference was computed on (else every baseline FAILs)."""
+    """Every runner is checked on the values the shape's reference was computed on before any re-check
+    refills the inputs (else every baseline FAILs)."""
     run = run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke")[:1], shapes_source="smoke",
                     repeats=1, warmup=0, compare_baselines=True)
     assert [r.check for results in run.results.values() for r in results] == ["PASS", "PASS"]
+
+
+def _logged(runner, log, fail_after=None):
+    """The runner with each forward and backward call logged under its name; with `fail_after`, its forward
+    raises from that call on."""
+    def forward(problem, inputs, outputs):
+        log.append(runner.name)
+        if fail_after is not None and log.count(runner.name) > fail_after:
+            raise RuntimeError("illegal memory access")
+        return runner.forward(problem, inputs, outputs)
+
+    def backward(problem, inputs, outputs):
+        log.append(runner.name)
+        return runner.backward(problem, inputs, outputs)
+    return dataclasses.replace(runner, forward=forward, backward=backward)
+
+
+def test_ours_and_the_baselines_are_timed_in_interleaved_rounds():
+    """Timed one after the other, the runner timed later reads faster or slower (up to 8% on the H100):
+    the runners take turns, round after round, and the sidecar says how many rounds."""
+    gemm, log = get_spec("gemm"), []
+    spec = dataclasses.replace(gemm, runner=_logged(gemm.runner, log),
+                               baselines=tuple(_logged(b, log) for b in gemm.baselines))
+    run = run_bench(spec, load_shapes("dense_gemm", "smoke")[:1], shapes_source="smoke", repeats=10, warmup=1,
+                    compare_baselines=True, checks="basic")
+    assert run.all_pass
+    turns = sum(1 for before, after in itertools.pairwise(log) if before != after)
+    assert turns >= 5, log  # back to back: ours' calls, then the baseline's (one turn)
+
+
+def test_a_baseline_that_fails_while_timed_fails_alone(tmp_path):
+    gemm = get_spec("gemm")
+    spec = dataclasses.replace(gemm, baselines=tuple(_logged(b, [], fail_after=3) for b in gemm.baselines))
+    run = run_bench(spec, load_shapes("dense_gemm", "smoke")[:1], shapes_source="smoke", repeats=6, warmup=1,
+                    compare_baselines=True, checks="basic")
+    ours, (baseline,) = run.ours[0], run.results["torch.matmul"]
+    assert ours.check == "PASS" and math.isfinite(ours.fwd.median_ms) and math.isfinite(ours.bwd.median_ms)
+    assert baseline.check == "FAIL" and "illegal memory access" in baseline.error
+    write_bench(run, tmp_path / "out.csv")
+    assert read_meta(tmp_path / "out.csv").timing.rounds == 5
 
 
 def test_a_shape_that_raises_is_a_fail_row_and_the_run_goes_on(tmp_path):

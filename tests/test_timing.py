@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from harness.timing import Timer, summarize
+from harness.timing import CallFailed, Rounds, Timer, summarize
 
 
 def test_summarize_is_median_and_population_stddev():
@@ -29,6 +29,38 @@ def test_time_each_times_every_call_once_without_warmup_whatever_the_repeats():
     timer = Timer(torch.device("cpu"), repeats=50, warmup=10)
     t = timer.time_each([lambda i=i: calls.append(i) for i in range(5)])
     assert calls == [0, 1, 2, 3, 4] and t.samples == 5
+
+
+def test_interleaved_rounds_warm_up_each_call_then_time_every_call_in_each_round_in_shuffled_orders():
+    log = []
+    timer = Timer(torch.device("cpu"), repeats=12, warmup=2)
+    calls = {name: (lambda name=name: log.append(name)) for name in "abcd"}
+    timed = timer.time_interleaved(calls, rounds=6)
+    assert log[:8] == ["a", "a", "b", "b", "c", "c", "d", "d"]  # the warm-up, call by call
+    rounds = [log[8 + 8 * r:16 + 8 * r] for r in range(6)]  # 12 repeats over 6 rounds: 2 calls a round
+    assert len(log) == 8 + 6 * 8 and all(sorted(r) == sorted("aabbccdd") for r in rounds)
+    assert all(r[0::2] == r[1::2] for r in rounds)  # a call's repeats of a round run back to back
+    assert len({tuple(r[0::2]) for r in rounds}) > 1  # not one fixed order
+    assert {name: len(t.samples) for name, t in timed.items()} == dict.fromkeys("abcd", 6)
+    assert all(t.pooled().samples == 12 and len(t.medians()) == 6 for t in timed.values())
+
+
+def test_rounds_pool_their_samples_and_give_each_rounds_median():
+    rounds = Rounds(((1.0, 3.0), (10.0, 20.0, 30.0)))
+    assert rounds.medians() == [2.0, 20.0]
+    assert rounds.pooled() == summarize([1.0, 3.0, 10.0, 20.0, 30.0])
+
+
+def test_an_interleaved_call_that_raises_is_named():
+    def breaks():
+        raise RuntimeError("kernel fault")
+
+    timer = Timer(torch.device("cpu"), repeats=2, warmup=0)
+    with pytest.raises(CallFailed) as failed:
+        timer.time_interleaved({"fine": lambda: None, ("baseline", "bwd"): breaks}, rounds=2)
+    assert failed.value.key == ("baseline", "bwd") and "kernel fault" in str(failed.value.__cause__)
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        timer.time_interleaved({"fine": lambda: None}, rounds=0)
 
 
 def test_gpu_modes_refuse_the_cpu():
