@@ -47,7 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, persistent_programs
+from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, is_hopper, persistent_programs
+from kernels.common.gluon_tma import descriptor
 from kernels.common.launch import fast_launch
 from kernels.common.tma import bind_context
 
@@ -61,7 +62,6 @@ LOG2E = gl.constexpr(math.log2(math.e))
 HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-_TMA_DTYPES = _GL_DTYPES | {torch.float32: gl.float32}  # the fused backward's dQ is summed in fp32
 
 
 # The forward's lazy rescale (_online_softmax): a row's running max moves only when a block's rises past it by
@@ -389,13 +389,16 @@ def shared_bytes(head_dim: int, block_n: int, stages: int, element_size: int = 2
     return (BLOCK_M.value + 2 * stages * block_n) * head_dim * element_size + 1024
 
 
-def _rows_view(t: torch.Tensor) -> torch.Tensor | None:
-    """t [B, S, H, D] as [B x S, H x D] (one head's D columns a box), or None if its strides forbid it."""
+def _rows_viewable(t: torch.Tensor) -> bool:
+    """Whether t [B, S, H, D] reads as [B x S, H x D] (one head's D columns a box) for TMA."""
+    B, S, _, D = t.shape
+    return (t.stride(3) == 1 and t.stride(2) == D and (B == 1 or t.stride(0) == S * t.stride(1))
+            and t.data_ptr() % 16 == 0 and (t.stride(1) * t.element_size()) % 16 == 0)
+
+
+def _rows_view(t: torch.Tensor) -> torch.Tensor:
+    """t [B, S, H, D] as [B x S, H x D]; `_rows_viewable(t)` first."""
     B, S, H, D = t.shape
-    if t.stride(3) != 1 or t.stride(2) != D or (B > 1 and t.stride(0) != S * t.stride(1)):
-        return None
-    if t.data_ptr() % 16 or (t.stride(1) * t.element_size()) % 16:
-        return None
     return t.as_strided((B * S, H * D), (t.stride(1), 1))
 
 
@@ -409,15 +412,13 @@ def stages_for(head_dim: int) -> int:
 def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool) -> bool:
     """What every kernel here needs of a problem (q and k first among `tensors`): see the module's docstring."""
     q, k = tensors[0], tensors[1]
-    if packed or window is not None or interpreter_mode() or not q.is_cuda or q.dtype not in _GL_DTYPES:
-        return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if packed or window is not None or interpreter_mode() or q.dtype not in _GL_DTYPES or not is_hopper(q.device):
         return False
     if q.shape[-1] not in HEAD_DIMS or any(t.shape[-1] != q.shape[-1] for t in tensors):
         return False
     if k.shape[1] == 0 or (causal and q.shape[1] > k.shape[1]):
         return False
-    return all(_rows_view(t) is not None for t in tensors)
+    return all(_rows_viewable(t) for t in tensors)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
@@ -430,10 +431,9 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, w
             and _serves((q, k, v), causal, window, packed))
 
 
-def _descriptor(view: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
-    block = [rows, head_dim]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _TMA_DTYPES[view.dtype])
-    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+def _descriptor(t: torch.Tensor, rows: int, columns: int) -> TensorDescriptor:
+    """A descriptor of t [B, S, H, D] as [B x S, H x D] reading [rows, columns] boxes."""
+    return descriptor(_rows_view(t), (rows, columns))
 
 
 # Causal launches run heads side by side (_heads_side_by_side) while what their CTAs share fits a budget of L2
@@ -474,8 +474,8 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     programs = persistent_programs(q.device, n_tiles) if persistent else n_tiles
     bind_context(q.device)
     _attention_fwd_ws_kernel[(programs,)](
-        _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
-        _descriptor(_rows_view(v), block_n, D), out, lse, n_tiles, Sq, Sk, Hq, Hq // Hkv,
+        _descriptor(q, HALF_M.value, D), _descriptor(k, block_n, D),
+        _descriptor(v, block_n, D), out, lse, n_tiles, Sq, Sk, Hq, Hq // Hkv,
         heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq, CAUSAL_SHARED_BYTES), qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, RESCALE_ABOVE=RESCALE_ABOVE if lazy else -1.0,
@@ -606,8 +606,8 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
         return
     bind_context(q.device)
     _attention_bwd_dq_ws_kernel[(n_tiles,)](
-        _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), block_n, D),
-        _descriptor(_rows_view(v), block_n, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
+        _descriptor(q, HALF_M.value, D), _descriptor(k, block_n, D),
+        _descriptor(v, block_n, D), _descriptor(grad_out, HALF_M.value, D),
         lse, delta, dq, n_tiles, Sq, Sk, Hq, Hq // Hkv,
         heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq, CAUSAL_SHARED_BYTES), qk_scale_log2,
         sm_scale, lse.stride(0), lse.stride(1),
@@ -1014,9 +1014,9 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     if grid[0] * grid[1] > 0:
         bind_context(q.device)
         _attention_bwd_ws_kernel[grid](
-            _descriptor(_rows_view(q), HALF_M.value, D), _descriptor(_rows_view(k), keys, D),
-            _descriptor(_rows_view(v), keys, D), _descriptor(_rows_view(grad_out), HALF_M.value, D),
-            _descriptor(_rows_view(dq_acc), HALF_M.value, dq_chunk), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
+            _descriptor(q, HALF_M.value, D), _descriptor(k, keys, D),
+            _descriptor(v, keys, D), _descriptor(grad_out, HALF_M.value, D),
+            _descriptor(dq_acc, HALF_M.value, dq_chunk), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
             heads_together(causal, 2 * Sq * D * q.element_size() * Hq // Hkv, FUSED_BWD_SHARED_BYTES),
             qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
             HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,

@@ -843,15 +843,14 @@ def backward_into(
             HEAD_DIM_V=shape.head_dim_v, BLOCK_DV=common["BLOCK_DV"], BLOCK_M=PREPROCESS_BLOCK_M,
             VARLEN=shape.packed,
         )
-    tensors = (q, k, v, grad_out, lse, delta)
-    strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
-
     cfg = kv_config or config_for("bwd_kv", shape.head_dim_qk, shape.head_dim_v)
     if deterministic:
         cfg = replace(cfg, DQ_ATOMIC=0, WS=0)
     if cfg.WS and hopper_ws.supports_backward(q, k, v, grad_out, causal, window, shape.packed):
         hopper_ws.backward_ws(q, k, v, grad_out, lse, delta, dq, dk, dv, causal, scale * LOG2E, scale)
         return
+    tensors = (q, k, v, grad_out, lse, delta)
+    strides = (*_strides(q, shape), *_strides(k, shape), *_strides(v, shape), *_strides(grad_out, shape))
     # DQ_ATOMIC: the dK/dV pass adds dQ into fp32 (zeroed: every key block adds its share), and no dQ pass runs.
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if cfg.DQ_ATOMIC else dq
     grid = (cdiv(shape.seqlen_k, cfg.BLOCK_N), shape.batch * shape.heads_kv)

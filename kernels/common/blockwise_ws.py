@@ -44,9 +44,9 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, persistent_programs
+from kernels.common.device import SHARED_MEMORY_BYTES, cdiv, interpreter_mode, is_hopper, persistent_programs
+from kernels.common.gluon_tma import descriptor
 from kernels.common.launch import fast_launch
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
@@ -369,12 +369,9 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
     ], [4, 1], [232, 40])
 
 
-_GL_FP8 = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_FP8[t.dtype])
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
 def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
@@ -429,17 +426,17 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
     with BLOCK_N 64, 128 or 256 (the token reduction: into a 2-byte output, see token_reduction_tile), and
     stages that fit in shared memory."""
-    b_ok = (b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None)
+    # The cheap tests first: the rowwise and tensorwise passes ask on every call, and leave at the first.
     return (
         scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in (64, 128, 256)
         and (not token_reduction or token_reduction_tile(cfg, out) is cfg)
         and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction)
-        and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and a.is_cuda
-        and torch.cuda.get_device_capability(a.device) == (9, 0)
-        and a.dtype in _GL_FP8 and b.dtype in _GL_FP8 and a.shape[-1] > 0
-        and tma_layout(a) is True and b_ok and out.stride(-1) == 1
+        and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and is_hopper(a.device)
+        and a.dtype in _FP8_DTYPES and b.dtype in _FP8_DTYPES and a.shape[-1] > 0
+        and out.stride(-1) == 1 and tma_layout(a) is True
+        and ((b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None))
     )
 
 
@@ -449,7 +446,7 @@ def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Sc
     programs = persistent_programs(a.device, tiles)
     bind_context(a.device)
     _blockwise_ws_kernel[(programs,)](
-        _descriptor(a, [HALF_M.value, BLOCK_K.value]), _descriptor(b_rows, [cfg.BLOCK_N, BLOCK_K.value]),
+        descriptor(a, (HALF_M.value, BLOCK_K.value)), descriptor(b_rows, (cfg.BLOCK_N, BLOCK_K.value)),
         out, scales.a, scales.b, a if offs is None else offs,
         M, N, K, G,
         out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,

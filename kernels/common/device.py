@@ -42,6 +42,21 @@ def persistent_programs(device: torch.device, tiles: int) -> int:
     return max(1, min(tiles, sms))
 
 
+# Compute capability per CUDA device index, read once (as the SM counts above).
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
+
+
+def is_hopper(device: torch.device) -> bool:
+    """Whether `device` is an sm_90 GPU (H100, H200), where the warp-specialized Gluon kernels run."""
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capability = _CAPABILITIES.get(index)
+    if capability is None:
+        capability = _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return capability == (9, 0)
+
+
 # Shared memory a Hopper (sm_90) block can have: 227 KiB.
 SHARED_MEMORY_BYTES = 232448
 
