@@ -23,18 +23,20 @@ from harness.timing import Timer
 from kernels.common.opspec import Problem
 
 # Keeps the GPU busy while the host times a call: far longer than any call's host time.
-BUSY_CYCLES = 50_000_000
+BUSY_CYCLES = 20_000_000
 
 
 def host_us(fn, calls: int) -> float:
-    """Median host time of a call, in us, each issued behind a busy GPU."""
+    """Median host time of a call, in us, each issued behind a busy GPU, back to back as a training loop issues
+    them (waiting for the GPU between samples idles the CPU, whose next call then read 2-3x slower: H100 host,
+    2026-11-27)."""
     samples = []
     for _ in range(calls):
         torch.cuda._sleep(BUSY_CYCLES)
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
     return statistics.median(samples)
 
 
