@@ -13,6 +13,7 @@ from harness.quick_test_bench import run_bench, write_bench
 from harness.registry import get_spec, op_names
 from harness.schema import GEMM_HEADER, read_summary
 from harness.shapes import Shape, load_shapes
+from kernels.common.device import interpreter_mode
 
 
 def test_registry_discovers_gemm():
@@ -22,7 +23,7 @@ def test_registry_discovers_gemm():
     assert all(f.startswith("kernels/gemm/") for f in spec.mutable_files)
 
 
-def test_smoke_bench_writes_frozen_csv_and_interpreter_sidecar(tmp_path):
+def test_smoke_bench_writes_frozen_csv_and_sidecar(tmp_path):
     run = run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke"), shapes_source="smoke",
                     repeats=1, warmup=0, compare_baselines=True)
     assert run.all_pass
@@ -32,8 +33,10 @@ def test_smoke_bench_writes_frozen_csv_and_interpreter_sidecar(tmp_path):
     assert set(summary.frame["Check"]) == {"PASS"}
     assert (summary.frame[["out_snr", "da_snr", "db_snr"]] > 50).all().all()
     meta = read_meta(tmp_path / "out.csv")
-    assert meta.timing.mode == "interpreter-wallclock" and "interpreter" in meta.timing.note
-    assert meta.harness_hash == harness_hash() and meta.dtype == "fp16"
+    on_gpu = not interpreter_mode()
+    assert meta.timing.mode == ("cuda-events" if on_gpu else "interpreter-wallclock")
+    assert ("interpreter" in meta.timing.note) != on_gpu
+    assert meta.harness_hash == harness_hash() and meta.dtype == ("bf16" if on_gpu else "fp16")
     baseline = tmp_path / meta.baseline_csvs["torch.matmul"]
     assert baseline in written and read_summary(baseline).labels == summary.labels
     assert json.loads((tmp_path / "out.meta.json").read_text())["op"] == "gemm"
