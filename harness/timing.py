@@ -134,7 +134,8 @@ class Timer:
         return {key: Rounds(tuple(got)) for key, got in samples.items()}
 
     @staticmethod
-    def _failing_as(key: Hashable, step: Callable, *args: object):
+    def _failing_as(key: Hashable, step: Callable, *args: object) -> object:
+        """step(*args), an exception of it raised again as CallFailed(key)."""
         try:
             return step(*args)
         except Exception as exc:

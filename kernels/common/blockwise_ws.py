@@ -372,8 +372,6 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-
-
 def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
     """The weight stack b [G, N, K] as one [G * N, K] view, or None if its strides do not allow one."""
     G, N, K = b.shape
