@@ -442,7 +442,8 @@ def skew_checks(problem: Problem) -> list[Problem]:
     return [dataclasses.replace(problem, group_lens=tuple(s)) for s in splits if tuple(s) != tuple(lens)]
 
 
-def _problem(run: BenchRun, shape: Shape) -> Problem:
+def shape_problem(run: BenchRun, shape: Shape) -> Problem:
+    """The problem the bench checks and times for `shape`: its dims, dtype, device, seed, split and variant."""
     return Problem(dims=run.dims[shape.label], dtype=run.dtype, device=run.timer.device,
                    seed=shape_seed(run.seed, shape.label), group_lens=shape.group_lens, variant=run.variant)
 
@@ -450,7 +451,7 @@ def _problem(run: BenchRun, shape: Shape) -> Problem:
 def run_shape(run: BenchRun, shape: Shape) -> dict[str, ShapeResult]:
     """Every runner on one shape, all on the same inputs and reference."""
     spec, dims = run.spec, run.dims[shape.label]
-    problem = _problem(run, shape)
+    problem = shape_problem(run, shape)
     try:
         inputs = spec.make_inputs(problem)
         ref = spec.reference(inputs)
@@ -511,7 +512,7 @@ class Screen:
 
     def _prepare(self, shape: Shape) -> tuple[Problem, Tensors, Tensors]:
         if shape.label not in self._prepared:
-            problem = _problem(self.run, shape)
+            problem = shape_problem(self.run, shape)
             inputs = self.run.spec.make_inputs(problem)
             self._prepared[shape.label] = problem, inputs, self.run.spec.reference(inputs)
         return self._prepared[shape.label]

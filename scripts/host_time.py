@@ -16,11 +16,10 @@ import time
 
 import torch
 
-from harness.quick_test_bench import prepare_bench, shape_seed
+from harness.quick_test_bench import prepare_bench, shape_problem
 from harness.registry import get_spec
 from harness.shapes import load_shapes
 from harness.timing import Timer
-from kernels.common.opspec import Problem
 
 # Keeps the GPU busy while the host times a call: far longer than any call's host time.
 BUSY_CYCLES = 20_000_000
@@ -51,12 +50,11 @@ def main() -> None:
     spec = get_spec(args.op)
     shapes = [s for s in load_shapes(spec.shape_family, args.shapes or spec.default_preset) if args.only in s.label]
     run = prepare_bench(spec, shapes, shapes_source=args.shapes or spec.default_preset, variant=args.variant,
-                        compare_baselines=True)
-    events = Timer(torch.device("cuda"), repeats=args.repeats, warmup=3)
-    graphs = Timer(torch.device("cuda"), mode="cuda-graph", repeats=args.repeats, warmup=3)
+                        repeats=args.repeats, warmup=3, compare_baselines=True)
+    events = run.timer  # the bench's own: CUDA events, every call from an idle GPU
+    graphs = Timer(events.device, mode="cuda-graph", repeats=args.repeats, warmup=3)
     for shape in shapes:
-        problem = Problem(dims=run.dims[shape.label], dtype=run.dtype, device=torch.device("cuda"),
-                          seed=shape_seed(run.seed, shape.label), group_lens=shape.group_lens, variant=run.variant)
+        problem = shape_problem(run, shape)
         inputs = spec.make_inputs(problem)
         timed: dict[tuple[str, str], tuple[float, float, float]] = {}
         for runner in run.runners:

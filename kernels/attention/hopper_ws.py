@@ -61,7 +61,7 @@ LN2 = gl.constexpr(math.log(2.0))
 LOG2E = gl.constexpr(math.log2(math.e))
 HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_SERVED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 # The forward's lazy rescale (_online_softmax): a row's running max moves only when a block's rises past it by
@@ -412,7 +412,7 @@ def stages_for(head_dim: int) -> int:
 def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool) -> bool:
     """What every kernel here needs of a problem (q and k first among `tensors`): see the module's docstring."""
     q, k = tensors[0], tensors[1]
-    if packed or window is not None or interpreter_mode() or q.dtype not in _GL_DTYPES or not is_hopper(q.device):
+    if packed or window is not None or interpreter_mode() or q.dtype not in _SERVED_DTYPES or not is_hopper(q.device):
         return False
     if q.shape[-1] not in HEAD_DIMS or any(t.shape[-1] != q.shape[-1] for t in tensors):
         return False
