@@ -35,7 +35,7 @@ from harness.rules import load_rules
 from harness.schema import FAIL, PASS, CsvSchema, get_schema, write_summary
 from harness.shapes import Shape, split_tokens
 from harness.snr import norm, snr_db, snr_passes, snr_threshold
-from harness.timing import INTERPRETER_NOTE, CallFailed, Timer, Timing
+from harness.timing import CallFailed, Timer, Timing, timing_note
 from kernels.common.device import default_device, interpreter_mode
 from kernels.common.dtypes import dtype_from_name, dtype_name
 from kernels.common.opspec import OpSpec, Problem, Runner, Tensors
@@ -615,7 +615,7 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
     env = environment(run.timer.device)
     timing = TimingInfo(
         mode=run.timer.mode, repeats=run.timer.repeats, warmup=run.timer.warmup, l2_flush=run.timer.flushes_l2,
-        rounds=min(TIMING_ROUNDS, run.timer.repeats), note=INTERPRETER_NOTE if interpreter_mode() else "",
+        rounds=min(TIMING_ROUNDS, run.timer.repeats), note=timing_note(run.timer.mode),
     )
     csv_paths = {name: summary_csv if name == run.spec.runner.name else baseline_csv_path(summary_csv, name)
                  for name in run.results}

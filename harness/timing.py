@@ -1,7 +1,13 @@
-"""Timing: CUDA events around each call, L2 flushed before each (outside the timed region, and
-finished before the call starts, so that a call's host time is never hidden behind it), median
+"""Timing: each call as a training loop pays it, L2 flushed before each (outside the timed region), median
 and population stddev over the repeats; a CUDA-graph mode that replays a captured call; and a
 wall-clock fallback for the CPU interpreter, whose numbers prove the plumbing, never performance.
+
+A training loop's host runs ahead of its GPU: a call costs its GPU time while its host time (Python, the
+launches) is shorter, and its host time once that is longer. So each call (cuda-events) is timed twice at
+once: its kernels between CUDA events, launched while the GPU is still busy with a lead of its own (a spin
+kernel, then the flush) so that they run back to back as the host queued them, and its host time on the
+clock; the sample is the larger (`loop_ms`). Timing from an idle GPU instead (2026-11-23 to 11-27) added
+the host time to every GPU-bound call: 60-200 us on a 1-2 ms attention call that a loop never waits for.
 `time_each` times a sequence of different calls once each (fresh input sets) by the same method;
 `time_interleaved` times several calls in rounds, each round in an order of its own, so that calls
 compared with each other (ours and a baseline, a candidate and the best) see the same GPU state.
@@ -22,6 +28,7 @@ import torch
 TimingMode = Literal["cuda-events", "cuda-graph", "interpreter-wallclock"]
 TIMING_MODES: tuple[str, ...] = ("cuda-events", "cuda-graph", "interpreter-wallclock")
 INTERPRETER_NOTE = "interpreter timings (Triton on the CPU): they prove the plumbing, never performance"
+LOOP_NOTE = "each sample the larger of the call's GPU time (its kernels queued behind GPU work) and its host time"
 
 # Defaults (repeats, warm-up calls) by mode: the interpreter is ~1e5x slower, so it gets a token count.
 DEFAULT_COUNTS: dict[str, tuple[int, int]] = {
@@ -29,6 +36,32 @@ DEFAULT_COUNTS: dict[str, tuple[int, int]] = {
     "cuda-graph": (50, 10),
     "interpreter-wallclock": (3, 1),
 }
+
+
+# The GPU's lead over the host at each timed call: twice the previous call's host time, at least 1 ms (the
+# first call's lead, beyond the host time of every op we time from the warm GPU), at most 50 ms.
+MIN_LEAD_S = 1e-3
+MAX_LEAD_S = 50e-3
+FALLBACK_CLOCK_KHZ = 2_000_000  # where the device does not report its clock
+
+
+def timing_note(mode: str) -> str:
+    """What a sidecar says of its timings, by mode."""
+    return {"interpreter-wallclock": INTERPRETER_NOTE, "cuda-events": LOOP_NOTE}.get(mode, "")
+
+
+def loop_ms(gpu_ms: float, host_ms: float) -> float:
+    """What a call costs a training loop whose host runs ahead: its GPU time, or its host time where that is
+    longer (the GPU then waits for the host)."""
+    return max(gpu_ms, host_ms)
+
+
+def lead_seconds(previous_host_s: float | None) -> float:
+    """How far ahead of a call the GPU is kept busy: long enough that the call's launches are all queued
+    before the GPU reaches them, so its events time the kernels alone."""
+    if previous_host_s is None:
+        return MIN_LEAD_S
+    return min(MAX_LEAD_S, max(MIN_LEAD_S, 2 * previous_host_s))
 
 
 @dataclass(frozen=True)
@@ -97,10 +130,13 @@ class Timer:
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
         self._flush: torch.Tensor | None = None
+        self._clock_khz = FALLBACK_CLOCK_KHZ
         if device.type == "cuda":
+            properties = torch.cuda.get_device_properties(device)
             # Twice the L2 so that zeroing it evicts every line the previous call left behind.
-            l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size or 64 * 2**20
+            l2_bytes = properties.L2_cache_size or 64 * 2**20
             self._flush = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+            self._clock_khz = getattr(properties, "clock_rate", 0) or FALLBACK_CLOCK_KHZ
 
     @property
     def flushes_l2(self) -> bool:
@@ -171,19 +207,29 @@ class Timer:
         return samples
 
     def _time_events(self, calls: Sequence[Callable[[], object]]) -> list[float]:
+        """Each call's loop_ms: its kernels between events, queued behind a lead of GPU work (a spin as long
+        as lead_seconds, the flush, and what is left of the previous call), and its host time on the clock (a
+        call that waits for the GPU, a host sync, waits out the lead and shows it)."""
         assert self._flush is not None
         starts = [torch.cuda.Event(enable_timing=True) for _ in calls]
         ends = [torch.cuda.Event(enable_timing=True) for _ in calls]
-        for fn, start, end in zip(calls, starts, ends, strict=True):
+        host_s: list[float] = []
+        for i, (fn, start, end) in enumerate(zip(calls, starts, ends, strict=True)):
+            if i >= 2:
+                # The GPU at most a call behind, waited for as a loop's host waits, busy: a host that slept
+                # through a synchronize issued its next call 2-3x slower (H100 host, 2026-11-27).
+                while not ends[i - 2].query():
+                    pass
+            lead = lead_seconds(host_s[-1] if host_s else None)
+            torch.cuda._sleep(int(lead * self._clock_khz * 1e3))
             self._flush.zero_()
-            # The flush must not give the host a head start: each call starts from an idle GPU, so its
-            # host time shows wherever it exceeds its GPU time, as it does in a training loop.
-            torch.cuda.synchronize(self.device)
             start.record()
+            began = time.perf_counter()
             fn()
+            host_s.append(time.perf_counter() - began)
             end.record()
         torch.cuda.synchronize(self.device)
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        return [loop_ms(s.elapsed_time(e), host * 1e3) for s, e, host in zip(starts, ends, host_s, strict=True)]
 
     def _capture(self, fn: Callable[[], object]) -> Callable[[], object]:
         """Capture one call into a CUDA graph (after warm-up on a side stream, as capture requires)."""

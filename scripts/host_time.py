@@ -1,16 +1,23 @@
 """What the harness's timing holds of each runner's host time, on a GPU: for every shape of an op's preset,
 ours and each baseline (the bench's runners, on the same inputs) timed three ways: host time a call (the GPU
 kept busy ahead of it, so that only Python and the launches are counted), GPU time (CUDA-graph replays: the
-kernels alone) and the harness's own timing (CUDA events, every call from an idle GPU, so host time shows),
+kernels alone) and the harness's own timing (the larger of a call's GPU and host times, harness/timing.py),
 with ours' speed over each baseline by the last two (the baseline's time over ours).
 
     PYTHONPATH=. python3 scripts/host_time.py --op attention --shapes headline --only d128
+    PYTHONPATH=. python3 scripts/host_time.py --op attention --shapes headline --only d128 --profile 25
+
+`--profile N`: also a cProfile of ours' calls (issued the same way), its N costliest functions by own time
+and by time inside them: where a call's host time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
+import io
+import pstats
 import statistics
 import time
 
@@ -39,6 +46,26 @@ def host_us(fn, calls: int) -> float:
     return statistics.median(samples)
 
 
+def profile(fn, calls: int, top: int) -> str:
+    """cProfile of `calls` calls issued as host_us issues them: the `top` functions by own time, then by time
+    inside them, in us and calls per call of fn (cProfile's own cost inflates functions called often)."""
+    profiler = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda._sleep(BUSY_CYCLES)
+        profiler.enable()
+        fn()
+        profiler.disable()
+    torch.cuda.synchronize()
+    rows = [(own / calls * 1e6, inside / calls * 1e6, count / calls, f"{pstats.func_std_string(where)}")
+            for where, (_, count, own, inside, _) in pstats.Stats(profiler).stats.items()]
+    text = io.StringIO()
+    for title, column in (("own", 0), ("inside", 1)):
+        print(f"  by time {title}: own us, inside us, calls (per call of fn)", file=text)
+        for own, inside, count, name in sorted(rows, key=lambda row: -row[column])[:top]:
+            print(f"  {own:8.1f} {inside:8.1f} {count:6.1f}  {name}", file=text)
+    return text.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--op", required=True)
@@ -46,12 +73,14 @@ def main() -> None:
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--variant", default=None)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also print a cProfile of ours' calls: its N costliest functions")
     args = parser.parse_args()
     spec = get_spec(args.op)
     shapes = [s for s in load_shapes(spec.shape_family, args.shapes or spec.default_preset) if args.only in s.label]
     run = prepare_bench(spec, shapes, shapes_source=args.shapes or spec.default_preset, variant=args.variant,
                         repeats=args.repeats, warmup=3, compare_baselines=True)
-    events = run.timer  # the bench's own: CUDA events, every call from an idle GPU
+    events = run.timer  # the bench's own: the larger of a call's GPU time (CUDA events) and host time
     graphs = Timer(events.device, mode="cuda-graph", repeats=args.repeats, warmup=3)
     for shape in shapes:
         problem = shape_problem(run, shape)
@@ -68,6 +97,9 @@ def main() -> None:
                     fn()
                     timed[runner.name, pass_] = (host_us(fn, args.repeats), graphs.time(fn).median_ms,
                                                  events.time(fn).median_ms)
+                    if args.profile and runner is spec.runner:
+                        print(f"== {shape.label} {pass_}: cProfile of {args.repeats} calls\n"
+                              f"{profile(fn, args.repeats, args.profile)}")
                 except Exception as exc:  # a call that cannot be captured (cuDNN's backward): said, and skipped
                     print(f"{shape.label} {runner.name} {pass_}: {type(exc).__name__}: {str(exc)[:100]}")
         print(f"== {shape.label}")

@@ -13,6 +13,7 @@ from harness.quick_test_bench import run_bench, write_bench
 from harness.registry import get_spec, op_names
 from harness.schema import GEMM_HEADER, read_summary
 from harness.shapes import Shape, load_shapes
+from harness.timing import timing_note
 from kernels.common.device import interpreter_mode
 
 
@@ -35,7 +36,7 @@ def test_smoke_bench_writes_frozen_csv_and_sidecar(tmp_path):
     meta = read_meta(tmp_path / "out.csv")
     on_gpu = not interpreter_mode()
     assert meta.timing.mode == ("cuda-events" if on_gpu else "interpreter-wallclock")
-    assert ("interpreter" in meta.timing.note) != on_gpu
+    assert meta.timing.note == timing_note(meta.timing.mode) and ("interpreter" in meta.timing.note) != on_gpu
     assert meta.harness_hash == harness_hash() and meta.dtype == ("bf16" if on_gpu else "fp16")
     baseline = tmp_path / meta.baseline_csvs["torch.matmul"]
     assert baseline in written and read_summary(baseline).labels == summary.labels

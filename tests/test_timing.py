@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from harness.timing import CallFailed, Rounds, Timer, summarize
+from harness.timing import MAX_LEAD_S, MIN_LEAD_S, CallFailed, Rounds, Timer, lead_seconds, loop_ms, summarize
 
 
 def test_summarize_is_median_and_population_stddev():
@@ -14,6 +14,18 @@ def test_summarize_is_median_and_population_stddev():
     assert t.samples == 4
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_a_call_costs_a_loop_its_gpu_time_or_its_host_time_where_that_is_longer():
+    assert loop_ms(gpu_ms=1.8, host_ms=0.12) == 1.8  # the host runs ahead: its time is hidden
+    assert loop_ms(gpu_ms=0.15, host_ms=0.38) == 0.38  # host-bound: the GPU waits
+
+
+def test_the_gpu_leads_each_call_by_twice_the_last_host_time_within_bounds():
+    assert lead_seconds(None) == MIN_LEAD_S
+    assert lead_seconds(1e-4) == MIN_LEAD_S
+    assert lead_seconds(3e-3) == pytest.approx(6e-3)
+    assert lead_seconds(1.0) == MAX_LEAD_S
 
 
 def test_wallclock_timer_calls_warmup_plus_repeats():
@@ -97,3 +109,24 @@ def test_a_call_whose_host_time_exceeds_its_gpu_time_is_timed_at_its_host_time(h
 
     timing = Timer(device, repeats=20, warmup=3).time(host_bound)
     assert timing.median_ms >= 0.9 * host_us / 1e3, f"{timing.median_ms * 1e3:.1f} us timed for {host_us} us of host"
+
+
+@pytest.mark.gpu
+def test_a_gpu_bound_call_is_timed_at_its_gpu_time_its_shorter_host_time_hidden():
+    """As a training loop's host runs ahead: 150 us of host before a ~1 ms kernel costs the loop nothing, so
+    the timing must not add it (timed from an idle GPU, it did)."""
+    device = torch.device("cuda")
+    x = torch.randn(3072, 3072, device=device)  # fp32: about 1 ms on an H100
+    host_us = 150
+
+    def spin_then_launch() -> None:
+        deadline = time.perf_counter() + host_us * 1e-6
+        while time.perf_counter() < deadline:
+            pass
+        torch.matmul(x, x)
+
+    timer = Timer(device, repeats=20, warmup=3)
+    alone = timer.time(lambda: torch.matmul(x, x)).median_ms
+    assert alone > 2 * host_us / 1e3, f"the kernel ({alone:.3f} ms) must outlast the host time"
+    spun = timer.time(spin_then_launch).median_ms
+    assert spun < alone + 0.3 * host_us / 1e3, f"{spun:.3f} ms with {host_us} us of host, {alone:.3f} ms without"
