@@ -10,7 +10,7 @@ import torch
 from harness.snr import snr_db
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
 from kernels.moe import RowMap, capacity_for, permute, unpermute
-from kernels.moe.permute import rank_block, route_and_scatter, scatter_rows, sort_by_expert
+from kernels.moe.permute import SCAN_EXPERTS, rank_block, route_and_scatter, scatter_rows, sort_by_expert
 from tests.graph_replay import replay_and_eager
 
 
@@ -60,7 +60,9 @@ def reference_unpermute(permuted, rows, probs):
 
 
 # (routing, T, topk, E, H): skewed, empty experts, one token, top-1, top-8; "blocks" spans several rank
-# blocks (T*topk > BLOCK_PAIRS) so the scan across blocks counts; H is no power of two (masked columns).
+# blocks (T*topk > BLOCK_PAIRS) so the scan across blocks counts, and "experts" several scan programs too
+# (more than SCAN_EXPERTS experts, the last program's short, odd ones empty); H is no power of two (masked
+# columns).
 CASES = {
     "hot-top2": ("hot", 37, 2, 5, 40),
     "empty-top4": ("empty", 29, 4, 12, 24),
@@ -68,8 +70,9 @@ CASES = {
     "top1": ("hot", 21, 1, 3, 16),
     "top8": ("uniform", 19, 8, 9, 40),
     "blocks": ("hot", 300, 4, 8, 8),
+    "experts": ("empty", 300, 4, 72, 8),
 }
-assert rank_block(300 * 4) < 300 * 4
+assert rank_block(300 * 4) < 300 * 4 and CASES["experts"][3] > 2 * SCAN_EXPERTS
 
 
 def make(case: str, device, dtype, seed: int = 0):
