@@ -111,12 +111,14 @@ def rollback_analysis(record: RoundRecord, ratios: dict[str, dict[str, float]], 
 
 def next_direction(record: RoundRecord, standings: list[ShapeStanding]) -> str:
     """Where the next round should look: the representative shape furthest below a vendor library."""
-    gaps = [(ratio, s.label, vendor) for s in standings for vendor, ratio in s.vs_vendor.items()
+    gaps = [(ratio, s.label, vendor, s.host_bound) for s in standings for vendor, ratio in s.vs_vendor.items()
             if ratio is not None]
     gap = ""
     if gaps:
-        ratio, label, vendor = min(gaps)
+        ratio, label, vendor, host_bound = min(gaps)
         gap = f"the largest gap left is {label} at {ratio:.3f}x {vendor}"
+        if host_bound:
+            gap += f" ({'/'.join(host_bound)} host-bound: the host's time per call sets it, not the kernels')"
     if record.status == "ACCEPT":
         return f"build on this commit; {gap or 'no vendor baseline to compare with'}"
     return f"do not repeat '{record.summary}' as is; {gap or 'no vendor baseline to compare with'}"

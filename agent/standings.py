@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from agent.state import CampaignState
+from harness.meta import read_meta
 from harness.schema import read_summary
 
 
@@ -26,6 +27,8 @@ class ShapeStanding(BaseModel):
     best: float
     # vendor name -> best / vendor on the vendor's metric (forward when it measures no step); None: not measured
     vs_vendor: dict[str, float | None]
+    # the best's passes ("fwd", "bwd") timed mostly at its host time: a faster kernel would not show there
+    host_bound: list[str] = []
 
     @property
     def speedup(self) -> float:
@@ -63,6 +66,7 @@ def standings(run_dir: Path, state: CampaignState, metric: str) -> list[ShapeSta
     base = state.rounds[0].measurements[0]
     best = best_per_metric(run_dir, state)
     measured = vendors(run_dir, metric)  # read once: one CSV per vendor
+    host_bound = read_meta(run_dir / state.best.csv).host_bound
     rows = []
     for label, value in state.best.per_shape.items():
         ratios: dict[str, float | None] = {}
@@ -71,5 +75,6 @@ def standings(run_dir: Path, state: CampaignState, metric: str) -> list[ShapeSta
             ours = best[vendor.metric].get(label, math.nan)
             ratio = ours / theirs if theirs > 0 else math.nan
             ratios[vendor.name] = ratio if math.isfinite(ratio) else None
-        rows.append(ShapeStanding(label=label, baseline=base.per_shape[label], best=value, vs_vendor=ratios))
+        rows.append(ShapeStanding(label=label, baseline=base.per_shape[label], best=value, vs_vendor=ratios,
+                                  host_bound=host_bound.get(label, [])))
     return rows

@@ -51,6 +51,9 @@ def _fmt(value: float, digits: int = 4) -> str:
     return "nan" if math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.{digits}g}")
 
 
+HOST_MARK = "†"  # after our metric where the pass was host-bound (ShapeResult.host_bound)
+
+
 def render_bench(run: BenchRun) -> Table:
     schema, ours = run.schema, run.ours
     baselines = [name for name in run.results if name != run.spec.runner.name]
@@ -74,7 +77,9 @@ def render_bench(run: BenchRun) -> Table:
         row = result.row(schema)
         fwd, bwd = row[schema.fwd_metric], row[schema.bwd_metric]
         check = f"[green]{PASS}[/green]" if result.check == PASS else f"[red]{result.check}[/red]"
-        cells = [result.shape.label, *(str(v) for v in result.dims.values()), check, _fmt(fwd), _fmt(bwd)]
+        bound = result.host_bound
+        cells = [result.shape.label, *(str(v) for v in result.dims.values()), check,
+                 _fmt(fwd) + HOST_MARK * ("fwd" in bound), _fmt(bwd) + HOST_MARK * ("bwd" in bound)]
         cells += [_fmt(row[c], 3) for c in schema.snr_columns]
         for name in baselines:
             base_row = run.results[name][i].row(schema)
@@ -90,6 +95,9 @@ def render_bench(run: BenchRun) -> Table:
         for name in baselines:
             cells += [f"{geomean(ratios[name][0]):.3f}x", f"{geomean(ratios[name][1]):.3f}x"]
         table.add_row(*cells, style="bold")
+    if any(result.host_bound for result in ours):
+        table.caption = (f"{HOST_MARK} host-bound: our host time set most samples, not the kernels "
+                         "(scripts/host_time.py shows each runner's host and GPU time)")
     return table
 
 

@@ -51,6 +51,8 @@ class BenchMeta(BaseModel):
     created_utc: str
     # label -> why the row FAILs: a check's message ("check: ...") or the exception it raised
     errors: dict[str, str] = {}
+    # label -> the passes ("fwd", "bwd") whose timing was mostly the runner's host time, not its kernels'
+    host_bound: dict[str, list[str]] = {}
     # label -> (forward ms, backward ms) timed with fresh input tensors every call (--fresh-inputs)
     fresh_ms: dict[str, tuple[float, float]] = {}
     # baseline name -> its summary CSV (same schema and labels), when baselines were run

@@ -58,6 +58,11 @@ class ShapeResult:
     fresh_fwd: Timing = NAN_TIMING
     fresh_bwd: Timing = NAN_TIMING
 
+    @property
+    def host_bound(self) -> list[str]:
+        """The passes ("fwd", "bwd") whose time was mostly the runner's host time (Timing.host_bound)."""
+        return [name for name, t in (("fwd", self.fwd), ("bwd", self.bwd)) if t.host_bound > 0.5]
+
     def row(self, schema: CsvSchema) -> dict[str, object]:
         def rate(work: float, t: Timing) -> float:
             return work / (t.median_ms * 1e-3) / schema.unit if t.median_ms > 0 else math.nan
@@ -308,6 +313,11 @@ class _Trial:
     bwd: Timing = NAN_TIMING
     fresh_fwd: Timing = NAN_TIMING
     fresh_bwd: Timing = NAN_TIMING
+
+    @property
+    def host_bound(self) -> list[str]:
+        """The passes ("fwd", "bwd") whose time was mostly the runner's host time (Timing.host_bound)."""
+        return [name for name, t in (("fwd", self.fwd), ("bwd", self.bwd)) if t.host_bound > 0.5]
     error: str | None = None
 
     def result(self, shape: Shape, dims: dict[str, int], work: tuple[float, float]) -> ShapeResult:
@@ -628,6 +638,7 @@ def write_bench(run: BenchRun, summary_csv: Path) -> list[Path]:
             variant=run.variant,
             shapes=run.shapes_source, seed=run.seed, timing=timing,
             errors={r.shape.label: r.error for r in results if r.error},
+            host_bound={r.shape.label: r.host_bound for r in results if r.host_bound},
             fresh_ms={r.shape.label: (r.fresh_fwd.median_ms, r.fresh_bwd.median_ms) for r in results
                       if math.isfinite(r.fresh_fwd.median_ms)},
             baseline_csvs={n: p.name for n, p in csv_paths.items() if ours and p != path},

@@ -69,17 +69,30 @@ class Timing:
     median_ms: float
     stddev_ms: float
     samples: int
+    # The share of the samples that the call's host time set (loop_ms): above one half, the call is
+    # host-bound, and a faster kernel would not make it faster.
+    host_bound: float = 0.0
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Calls' times (ms) in order, and whether each was its host time (loop_ms)."""
+
+    ms: list[float]
+    host_bound: list[bool]
 
 
 @dataclass(frozen=True)
 class Rounds:
-    """One call's samples (ms) from Timer.time_interleaved, round by round."""
+    """One call's samples (ms) from Timer.time_interleaved, round by round, and which were host-bound."""
 
     samples: tuple[tuple[float, ...], ...]
+    host_bound: tuple[tuple[bool, ...], ...] = ()
 
     def pooled(self) -> Timing:
         """Median and stddev over every sample of every round."""
-        return summarize([ms for round_ in self.samples for ms in round_])
+        return summarize([ms for round_ in self.samples for ms in round_],
+                         [bound for round_ in self.host_bound for bound in round_])
 
     def medians(self) -> list[float]:
         """Each round's median."""
@@ -97,11 +110,13 @@ class CallFailed(Exception):
 K = TypeVar("K", bound=Hashable)
 
 
-def summarize(samples_ms: Sequence[float]) -> Timing:
-    """Median and population standard deviation of the samples."""
+def summarize(samples_ms: Sequence[float], host_bound: Sequence[bool] = ()) -> Timing:
+    """Median and population standard deviation of the samples, and the share of them that `host_bound`
+    marks (none if not given)."""
     if not samples_ms:
         raise ValueError("no timing samples")
-    return Timing(statistics.median(samples_ms), statistics.pstdev(samples_ms), len(samples_ms))
+    return Timing(statistics.median(samples_ms), statistics.pstdev(samples_ms), len(samples_ms),
+                  sum(host_bound) / len(samples_ms))
 
 
 def default_mode(device: torch.device) -> TimingMode:
@@ -145,7 +160,8 @@ class Timer:
     def time(self, fn: Callable[[], object]) -> Timing:
         """`warmup` untimed calls of fn, then `repeats` timed ones (replays of one captured call in
         cuda-graph mode)."""
-        return summarize(self._time_calls([self._warmed_up(fn)] * self.repeats))
+        timed = self._time_calls([self._warmed_up(fn)] * self.repeats)
+        return summarize(timed.ms, timed.host_bound)
 
     def time_interleaved(self, calls: Mapping[K, Callable[[], object]], rounds: int,
                          repeats_per_round: int | None = None, seed: int = 0) -> dict[K, Rounds]:
@@ -162,12 +178,13 @@ class Timer:
         prepared = {key: self._failing_as(key, self._warmed_up, fn) for key, fn in calls.items()}
         order = list(prepared)
         shuffler = random.Random(seed)
-        samples: dict[K, list[tuple[float, ...]]] = {key: [] for key in prepared}
+        samples: dict[K, list[Samples]] = {key: [] for key in prepared}
         for _ in range(rounds):
             shuffler.shuffle(order)
             for key in order:
-                samples[key].append(tuple(self._failing_as(key, self._time_calls, [prepared[key]] * per_round)))
-        return {key: Rounds(tuple(got)) for key, got in samples.items()}
+                samples[key].append(self._failing_as(key, self._time_calls, [prepared[key]] * per_round))
+        return {key: Rounds(tuple(tuple(r.ms) for r in got), tuple(tuple(r.host_bound) for r in got))
+                for key, got in samples.items()}
 
     @staticmethod
     def _failing_as(key: Hashable, step: Callable, *args: object) -> object:
@@ -188,13 +205,16 @@ class Timer:
         set per call, whatever the repeats. Not in cuda-graph mode, which replays one captured call."""
         if self.mode == "cuda-graph":
             raise ValueError("cuda-graph timing replays one captured call: it cannot time a sequence of calls")
-        return summarize(self._time_calls(calls))
+        timed = self._time_calls(calls)
+        return summarize(timed.ms, timed.host_bound)
 
-    def _time_calls(self, calls: Sequence[Callable[[], object]]) -> list[float]:
-        """Each call's ms, in order."""
-        if self.mode == "interpreter-wallclock":
-            return self._time_wallclock(calls)
-        return self._time_events(calls)
+    def _time_calls(self, calls: Sequence[Callable[[], object]]) -> Samples:
+        """Each call's ms, in order (the wall clock times the host and the device together: no sample of it
+        is marked host-bound)."""
+        if self.mode != "interpreter-wallclock":
+            return self._time_events(calls)
+        ms = self._time_wallclock(calls)
+        return Samples(ms, [False] * len(ms))
 
     def _time_wallclock(self, calls: Sequence[Callable[[], object]]) -> list[float]:
         samples = []
@@ -206,7 +226,7 @@ class Timer:
             samples.append((time.perf_counter() - start) * 1e3)
         return samples
 
-    def _time_events(self, calls: Sequence[Callable[[], object]]) -> list[float]:
+    def _time_events(self, calls: Sequence[Callable[[], object]]) -> Samples:
         """Each call's loop_ms: its kernels between events, queued behind a lead of GPU work (a spin as long
         as lead_seconds, the flush, and what is left of the previous call), and its host time on the clock (a
         call that waits for the GPU, a host sync, waits out the lead and shows it)."""
@@ -229,7 +249,10 @@ class Timer:
             host_s.append(time.perf_counter() - began)
             end.record()
         torch.cuda.synchronize(self.device)
-        return [loop_ms(s.elapsed_time(e), host * 1e3) for s, e, host in zip(starts, ends, host_s, strict=True)]
+        gpu_ms = [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+        host_ms = [host * 1e3 for host in host_s]
+        return Samples([loop_ms(gpu, host) for gpu, host in zip(gpu_ms, host_ms, strict=True)],
+                       [host > gpu for gpu, host in zip(gpu_ms, host_ms, strict=True)])
 
     def _capture(self, fn: Callable[[], object]) -> Callable[[], object]:
         """Capture one call into a CUDA graph (after warm-up on a side stream, as capture requires)."""

@@ -1,13 +1,16 @@
 import dataclasses
+import io
 import itertools
 import json
 import math
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import kernels.gemm
 from harness.__main__ import app
+from harness.cli import HOST_MARK, render_bench
 from harness.meta import harness_hash, read_meta
 from harness.quick_test_bench import run_bench, write_bench
 from harness.registry import get_spec, op_names
@@ -89,6 +92,23 @@ def test_a_baseline_that_fails_while_timed_fails_alone(tmp_path):
     assert baseline.check == "FAIL" and "illegal memory access" in baseline.error
     write_bench(run, tmp_path / "out.csv")
     assert read_meta(tmp_path / "out.csv").timing.rounds == 5
+
+
+def test_host_bound_passes_are_marked_in_the_table_and_named_in_the_sidecar(tmp_path):
+    """A pass whose samples were mostly its host time (Timing.host_bound, set by the timer on a GPU) gets
+    the table's mark and its caption, and the sidecar names it; the other passes get neither."""
+    run = run_bench(get_spec("gemm"), load_shapes("dense_gemm", "smoke")[:2], shapes_source="smoke", repeats=1,
+                    warmup=0, compare_baselines=True, checks="basic")
+    first = run.ours[0]
+    run.ours[0] = dataclasses.replace(first, fwd=dataclasses.replace(first.fwd, host_bound=0.8))
+    console = Console(file=io.StringIO(), width=400)
+    console.print(render_bench(run))
+    table = console.file.getvalue()
+    marked = [line for line in table.splitlines() if HOST_MARK in line]
+    assert len(marked) == 2 and first.shape.label in marked[0] and "host-bound" in marked[1]
+    write_bench(run, tmp_path / "out.csv")
+    assert read_meta(tmp_path / "out.csv").host_bound == {first.shape.label: ["fwd"]}
+    assert read_meta(tmp_path / "out.baseline-torch_matmul.csv").host_bound == {}
 
 
 def test_a_shape_that_raises_is_a_fail_row_and_the_run_goes_on(tmp_path):

@@ -16,6 +16,14 @@ def test_summarize_is_median_and_population_stddev():
         summarize([])
 
 
+def test_the_host_bound_share_is_of_all_samples_pooled_over_rounds():
+    assert summarize([1.0, 2.0, 3.0, 4.0], [True, False, True, True]).host_bound == 0.75
+    assert summarize([1.0, 2.0]).host_bound == 0.0
+    rounds = Rounds(((1.0, 3.0), (10.0, 20.0)), ((True, False), (False, False)))
+    assert rounds.pooled().host_bound == 0.25
+    assert Timer(torch.device("cpu"), repeats=3, warmup=0).time(lambda: None).host_bound == 0.0
+
+
 def test_a_call_costs_a_loop_its_gpu_time_or_its_host_time_where_that_is_longer():
     assert loop_ms(gpu_ms=1.8, host_ms=0.12) == 1.8  # the host runs ahead: its time is hidden
     assert loop_ms(gpu_ms=0.15, host_ms=0.38) == 0.38  # host-bound: the GPU waits
@@ -109,6 +117,7 @@ def test_a_call_whose_host_time_exceeds_its_gpu_time_is_timed_at_its_host_time(h
 
     timing = Timer(device, repeats=20, warmup=3).time(host_bound)
     assert timing.median_ms >= 0.9 * host_us / 1e3, f"{timing.median_ms * 1e3:.1f} us timed for {host_us} us of host"
+    assert timing.host_bound > 0.5
 
 
 @pytest.mark.gpu
@@ -128,5 +137,7 @@ def test_a_gpu_bound_call_is_timed_at_its_gpu_time_its_shorter_host_time_hidden(
     timer = Timer(device, repeats=20, warmup=3)
     alone = timer.time(lambda: torch.matmul(x, x)).median_ms
     assert alone > 2 * host_us / 1e3, f"the kernel ({alone:.3f} ms) must outlast the host time"
-    spun = timer.time(spin_then_launch).median_ms
-    assert spun < alone + 0.3 * host_us / 1e3, f"{spun:.3f} ms with {host_us} us of host, {alone:.3f} ms without"
+    spun = timer.time(spin_then_launch)
+    assert spun.median_ms < alone + 0.3 * host_us / 1e3, \
+        f"{spun.median_ms:.3f} ms with {host_us} us of host, {alone:.3f} ms without"
+    assert spun.host_bound < 0.5
