@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.snr import snr_db
+from harness.snr import snr_db, snr_threshold
+from kernels.common.dtypes import dtype_name
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
 from kernels.moe import RowMap, capacity_for, permute, unpermute
 from kernels.moe.permute import SCAN_EXPERTS, rank_block, route_and_scatter, scatter_rows, sort_by_expert
@@ -152,7 +153,8 @@ def test_permute_experts_unpermute_forward_and_backward_by_snr(case, pad_to, dev
     out = run(x1, p1, ours, unpermute)
     ref = run(x2, p2, theirs, reference_unpermute)
     snrs = [snr_db(out, ref), snr_db(x1.grad, x2.grad), snr_db(p1.grad, p2.grad)]
-    assert min(snrs) >= 50, snrs
+    # the rules' threshold of the dtype: the stand-in experts' product rounds to it (bf16: 49-60 dB on the GPU)
+    assert min(snrs) >= snr_threshold(dtype_name(half_dtype)), snrs
 
 
 @pytest.mark.parametrize("with_probs", [True, False])
@@ -273,10 +275,10 @@ def test_ids_out_of_range_are_dropped_by_the_kernels_not_written_out_of_bounds(d
 
 def test_bad_inputs_raise_one_line_value_errors(device):
     x = torch.randn(6, 16, dtype=torch.float16, device=device)
-    ids = torch.randint(0, 4, (6, 2), device=device)
+    # every expert picked: ids - 1 holds -1 and ids + 1 holds 4 (drawn at random, they did not always)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]], device=device)
     probs = torch.rand(6, 2, device=device)
     cases = [
-        (lambda: permute(x, ids.clamp(max=3) + 1, num_experts=4), r"outside \[0, 4\)"),
         (lambda: permute(x, ids - 1, num_experts=4, validate=True), r"outside \[0, 4\)"),
         (lambda: permute(x, ids, probs[:, :1], num_experts=4), r"probs must be \[T, topk\] = \[6, 2\]"),
         (lambda: permute(x, ids, probs.long(), num_experts=4), "probs must be float32"),
@@ -287,10 +289,13 @@ def test_bad_inputs_raise_one_line_value_errors(device):
         (lambda: permute(x, ids, num_experts=0), "positive int"),
         (lambda: permute(x, ids, num_experts=4, pad_to=64), "pad_to must be one of"),
         (lambda: permute(x, ids[:, 0], num_experts=4), "int32 or int64 \\[T, topk\\]"),
-        (lambda: sort_by_expert(ids + 4, num_experts=4), r"sort_by_expert: expert_ids holds ids outside \[0, 4\)"),
+        (lambda: sort_by_expert(ids + 4, num_experts=4, validate=True),
+         r"sort_by_expert: expert_ids holds ids outside \[0, 4\)"),
         (lambda: sort_by_expert(ids, probs[:, :1], num_experts=4), r"sort_by_expert: probs must be \[T, topk\]"),
         (lambda: sort_by_expert(ids, num_experts=4, pad_to=3), "sort_by_expert: pad_to must be one of"),
     ]
+    if device.type == "cpu":  # ids on the GPU are checked only with validate=True (a host sync)
+        cases.append((lambda: permute(x, ids + 1, num_experts=4), r"outside \[0, 4\)"))
     r = permute(x, ids, num_experts=4, pad_to=16)
     cases += [
         (lambda: unpermute(r.permuted[:-1], r.row_map), r"must be \[72, H\]"),
