@@ -4,8 +4,8 @@
 its own anchor: bf16 forward vs torch._grouped_mm, dgrad vs its NN form, wgrad vs its variable-K
 form; each FP8 pass with the quantization of what it reads vs the same bf16 anchor (issue 15's
 per-pass target), the FP8 GEMM alone on pre-quantized operands vs torch._scaled_grouped_mm
-(rowwise); and each FP8 quantization call in GB/s (bytes read + written; a call from an idle GPU, so
-its host time shows where it exceeds the kernels'). Passes and anchors are timed in interleaved rounds
+(rowwise); and each FP8 quantization call in GB/s (bytes read + written; the harness's timer, so its
+host time shows where it exceeds the kernels'). Passes and anchors are timed in interleaved rounds
 (`--rounds`): a ratio is the median of its per-round ratios, its spread the min and max.
 
     python benchmarks/grouped_passes.py --shapes headline --csv passes.csv
