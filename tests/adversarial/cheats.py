@@ -168,7 +168,7 @@ HELD_OUT_CLASSES = [
         "import importlib\n\n"
         "_timing = importlib.import_module('harn' + 'ess.timing')\n"
         "_summarize = _timing.summarize\n"
-        "setattr(_timing, 'summarize', lambda samples: _summarize([s * 0.6 for s in samples]))\n")},
+        "setattr(_timing, 'summarize', lambda samples, *rest: _summarize([s * 0.6 for s in samples], *rest))\n")},
         "ROLLBACK", "indirection", shapes="tiles.yaml"),
     # Slows the clock the timer reads, reached through a module triton imports and an alias of it.
     Candidate("slows the clock through an alias", "gemm", {GEMM: append(
