@@ -200,15 +200,16 @@ def compile_attention_dq_ws(head_dim: int, block_n: int, stages: int, causal: bo
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
-def compile_attention_bwd_ws(head_dim: int, causal: bool) -> dict[str, int]:
-    """The warp-specialized fused backward (kernels/attention/hopper_ws.py) in bf16, as backward_ws launches it:
-    wgmmas, TMA reductions of dQ, registers, spills, shared memory."""
+def compile_attention_bwd_ws(head_dim: int, causal: bool, persistent: bool = False) -> dict[str, int]:
+    """The warp-specialized fused backward (kernels/attention/hopper_ws.py) in bf16, as backward_ws launches it
+    (a CTA a tile, or `persistent`): wgmmas, TMA reductions of dQ, registers, spills, shared memory."""
     keys, dq_chunk = bwd_key_block(head_dim), bwd_dq_chunk(head_dim)
     types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(keys, head_dim),
              "v_desc": _tile_type(keys, head_dim), "do_desc": _tile_type(64, head_dim),
              "dq_desc": _tile_type(64, dq_chunk, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
              "dk_ptr": "*bf16", "dv_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
-    constants = {"HEAD_DIM": head_dim, "KEYS": keys, "DQ_CHUNK": dq_chunk, "STAGES": BWD_STAGES, "CAUSAL": causal}
+    constants = {"HEAD_DIM": head_dim, "KEYS": keys, "DQ_CHUNK": dq_chunk, "STAGES": BWD_STAGES, "CAUSAL": causal,
+                 "PERSISTENT": persistent}
     compiled = _compile(_attention_bwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
@@ -237,4 +238,5 @@ if __name__ == "__main__":
               for d in (64, 128) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}{'-causal' if causal else ''}": compile_attention_bwd_ws(d, causal)
               for d in (64, 128, 256) for causal in (False, True)}
+    found |= {f"attention-bwd-ws-d{d}-persistent": compile_attention_bwd_ws(d, False, True) for d in (64, 128, 256)}
     print(json.dumps(found))

@@ -309,12 +309,13 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
         for causal in ("", "-causal"):
             dq = counts[f"attention-dq-ws-d{d}{causal}"]
             assert dq["wgmma"] > 0 and dq["mma_sync"] == 0 and dq["tma_loads"] > 0 and dq["spill_bytes"] == 0, dq
-    # The fused backward: wgmma only, q and dO by TMA loads, dQ by TMA reductions; within shared memory; no spills
+    # The fused backward (a CTA a tile, or its persistent grid): wgmma only, q and dO by TMA loads, dQ by TMA
+    # reductions; within shared memory; no spills
     # at d64 and d128 (at d256, the K = 256 products' shared-memory descriptors hoisted out of the loop spill
     # 136-140 bytes under Triton 3.6, 0-12 under 3.9).
     for d in hopper_ws.BWD_HEAD_DIMS:
-        for causal in ("", "-causal"):
-            bwd = counts[f"attention-bwd-ws-d{d}{causal}"]
+        for launch in ("", "-causal", "-persistent"):  # persistent: non-causal only (backward_ws)
+            bwd = counts[f"attention-bwd-ws-d{d}{launch}"]
             assert bwd["wgmma"] > 0 and bwd["mma_sync"] == 0 and bwd["tma_loads"] > 0 and bwd["tma_reduces"] > 0, bwd
             assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] <= (192 if d == 256 else 0), bwd
 

@@ -687,19 +687,19 @@ def _dq_staging(staging, s, C: gl.constexpr, DQ_CHUNK: gl.constexpr):
 
 
 @gluon.jit
-def _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
-    """The CTA's key block and (batch, kv head), and its walk: query blocks [m_first, m_blocks) of each of the
-    group's q heads (causal: from the first block whose last row sees the block's first key, the longest walks
-    first, heads_together heads at a time: _heads_side_by_side). A head's key blocks run side by side, sharing
-    its q and dO in L2 (all heads side by side instead: 0.93x non-causal, 0.88x at d64, 0.91x at d256 causal,
-    1.08x on llama3-8b; H100)."""
+def _bwd_tile(t, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """Tile t of n_tiles (a head's key blocks, then the (batch, kv head) pairs): its key block and (batch, kv
+    head), and its walk: query blocks [m_first, m_blocks) of each of the group's q heads (causal: from the first
+    block whose last row sees the block's first key, the longest walks first, heads_together heads at a time:
+    _heads_side_by_side). A head's key blocks run side by side, sharing its q and dO in L2 (all heads side by
+    side instead: 0.93x non-causal, 0.88x at d64, 0.91x at d256 causal, 1.08x on llama3-8b; H100)."""
+    n_blocks = gl.cdiv(seqlen_k, KEYS)
     if CAUSAL:
-        n_blocks = gl.num_programs(0)  # the launch order: program_id 0 fastest
-        block, bh = _heads_side_by_side(gl.program_id(1) * n_blocks + gl.program_id(0), n_blocks, gl.num_programs(1),
-                                        heads_together)
+        block, bh = _heads_side_by_side(t, n_blocks, n_tiles // n_blocks, heads_together)
     else:
-        block = gl.program_id(0)
-        bh = gl.program_id(1)
+        block = t % n_blocks
+        bh = t // n_blocks
     n0 = block * KEYS
     b = bh // heads_kv
     kvh = bh % heads_kv
@@ -716,55 +716,84 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 
 
 @gluon.jit
-def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
-                        kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                        heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """The producer: the CTA's K and V once, then each step's q and dO blocks through the ring, and beside them
-    the block's LSE (in log2 units) and delta, loaded here so that the consumers read them from shared memory
-    when they need them (held in their registers across the matmuls, they spilled)."""
+def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs,
+                   delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q,
+                   seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
+                   KEYS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tile t's loads, the CTA's lap-th tile, its steps from ring position g on: its K and V once the consumers
+    are done with the previous tile's, then each step's q and dO blocks through the ring, and beside them the
+    block's LSE (in log2 units) and delta, loaded here so that the consumers read them from shared memory when
+    they need them (held in their registers across the matmuls, they spilled). Returns its steps."""
     stat_layout: gl.constexpr = gl.BlockedLayout([HALF_M // 32], [32], [1], [0])
-    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS, CAUSAL)
+    b, kvh, n0, m_first, steps = _bwd_tile(t, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS,
+                                           CAUSAL)
+    # A fresh barrier counts as having completed the phase before its first: the first tile's wait passes.
+    mbarrier.wait(kv_free, (lap & 1) ^ 1)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_smem)
     _tma_load(v_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, v_smem)
     steps_per_head = steps // group
-    for t in range(steps):
-        s = t % STAGES
-        h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+    for i in range(steps):
+        s = (g + i) % STAGES
+        h, m0 = _bwd_step(i, m_first, kvh, group, steps_per_head)
         # The statistics are loaded while the stage is still in use (their latency under the wait).
         rows = m0 + gl.arange(0, HALF_M, layout=stat_layout)
         stats = b.to(gl.int64) * stride_lb + h * stride_lh + rows
         # Rows past Sq get an infinite LSE: P = 0 there, so they add nothing to dK, dV or (through dS) to dQ.
         lse = gl.load(lse_ptr + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
         delta = gl.load(delta_ptr + stats, mask=rows < seqlen_q, other=0.0)
-        mbarrier.wait(qdo_free.index(s), ((t // STAGES) & 1) ^ 1)
+        mbarrier.wait(qdo_free.index(s), (((g + i) // STAGES) & 1) ^ 1)
         mbarrier.expect(qdo_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         _tma_load(q_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), q_bufs.index(s))
         _tma_load(do_desc, [b * seqlen_q + m0, h * HEAD_DIM], qdo_ready.index(s), do_bufs.index(s))
         lse_bufs.index(s).store(lse)
         delta_bufs.index(s).store(delta)
         mbarrier.arrive(qdo_ready.index(s), count=1)
+    return steps
 
 
 @gluon.jit
-def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
-                          heads_kv, group, heads_together, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
-                          DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """dQ's reducer: each step's chunks of dQ's share, staged by the consumers (each a half of the columns,
-    DQ_CHUNK at a time), added into the fp32 dQ by TMA reductions; a staging tile is released once the
-    reduction has read it (at d256, staged in the step's q and dO buffers, the whole stage)."""
+def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
+                        kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q, seqlen_k,
+                        heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
+                        KEYS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+    """The producer: its CTA's tile (PERSISTENT: tiles program_id, program_id + programs, ..., the ring's
+    position running on from tile to tile). The other partitions are split the same way: a tile a CTA runs
+    outside any loop (one loop for both spilled 32-52 bytes a thread causal, ptxas of Triton 3.9)."""
+    if PERSISTENT:
+        g = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            g += _bwd_load_tile(t, _lap(t), g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem,
+                                lse_bufs, delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr,
+                                n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh,
+                                HEAD_DIM, KEYS, STAGES, CAUSAL)
+    else:
+        _bwd_load_tile(gl.program_id(0), 0, 0, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem,
+                       lse_bufs, delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles,
+                       seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS,
+                       STAGES, CAUSAL)
+
+
+@gluon.jit
+def _bwd_reduce_tile(t, g, dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k, heads_kv, group,
+                     heads_together, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tile t's dQ reductions, its steps from ring position g on: each step's chunks of dQ's share, staged by the
+    consumers (each a half of the columns, DQ_CHUNK at a time), added into the fp32 dQ by TMA reductions; a
+    staging tile is released once the reduction has read it (at d256, staged in the step's q and dO buffers, the
+    whole stage). Returns its steps."""
     CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
     BY_COLUMNS: gl.constexpr = KEYS == HALF_M
-    b, kvh, _n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS, CAUSAL)
+    b, kvh, _n0, m_first, steps = _bwd_tile(t, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS,
+                                            CAUSAL)
     steps_per_head = steps // group
-    for t in range(steps):
-        s = t % STAGES
-        h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
+    for i in range(steps):
+        s = (g + i) % STAGES
+        h, m0 = _bwd_step(i, m_first, kvh, group, steps_per_head)
         for c in gl.static_range(CHUNKS):
             tiles = _dq_staging(staging, s, c, DQ_CHUNK)
             for half in gl.static_range(2):
-                mbarrier.wait(dq_full.index((s * CHUNKS + c) * 2 + half), (t // STAGES) & 1)
+                mbarrier.wait(dq_full.index((s * CHUNKS + c) * 2 + half), ((g + i) // STAGES) & 1)
                 _tma_reduce_add(dq_desc, [b * seqlen_q + m0, h * HEAD_DIM + half * (HEAD_DIM // 2) + c * DQ_CHUNK],
                                 tiles.index(half))
             if not BY_COLUMNS:
@@ -774,6 +803,23 @@ def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_
         if BY_COLUMNS:
             tma.store_wait(0)
             mbarrier.arrive(qdo_free.index(s), count=1)
+    return steps
+
+
+@gluon.jit
+def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k,
+                          heads_kv, group, heads_together, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
+                          DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                          PERSISTENT: gl.constexpr):
+    """dQ's reducer: the producer's tiles and steps."""
+    if PERSISTENT:
+        g = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            g += _bwd_reduce_tile(t, g, dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k,
+                                  heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
+    else:
+        _bwd_reduce_tile(gl.program_id(0), 0, dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q,
+                         seqlen_k, heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
 
 
 @gluon.jit
@@ -867,11 +913,16 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
 
 
 @gluon.jit
-def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, qdo_ready,
-                   qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, seqlen_q,
-                   seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh,
-                   stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
-                   DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
+                      kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
+                      dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
+                      stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+    """A consumer warpgroup's share of tile t, the CTA's lap-th tile, its steps from ring position g on (the
+    barriers' phases count steps over the CTA's tiles): dK and dV of its keys (or columns) over the walk, its
+    half of each step's dQ share staged for the reducer; K and V released to the next tile's loads before dK
+    and dV are stored. Returns its steps."""
     # BY_COLUMNS (d256, bwd_key_block): both warpgroups on the CTA's 64 keys, each on half of dK's and dV's
     # columns; else each on 64 of its 128 keys, all columns.
     BY_COLUMNS: gl.constexpr = KEYS == HALF_M
@@ -879,27 +930,30 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
     CHUNKS: gl.constexpr = HEAD_DIM // 2 // DQ_CHUNK
     kv_layout: gl.constexpr = _warpgroup_acc(COLS)  # dK, dV: [64 keys, COLS]
     dq_layout: gl.constexpr = _warpgroup_acc(DQ_CHUNK)  # a chunk of dQ's columns: [64 query rows, DQ_CHUNK]
-    b, kvh, n0, m_first, steps = _bwd_tile(seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS, CAUSAL)
+    b, kvh, n0, m_first, steps = _bwd_tile(t, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, KEYS,
+                                           CAUSAL)
     key0 = n0 if BY_COLUMNS else n0 + HALF * HALF_M  # the first of the keys whose dK and dV are held here
     col0: gl.constexpr = HALF * COLS if BY_COLUMNS else 0  # the first of dK's and dV's columns held here
     diag = seqlen_k - seqlen_q
     dk = gl.zeros([HALF_M, COLS], gl.float32, kv_layout)
     dv = gl.zeros([HALF_M, COLS], gl.float32, kv_layout)
     steps_per_head = steps // group
-    mbarrier.wait(kv_ready, 0)
-    for t in range(steps):
-        s = t % STAGES
-        _h, m0 = _bwd_step(t, m_first, kvh, group, steps_per_head)
-        mbarrier.wait(qdo_ready.index(s), (t // STAGES) & 1)
+    mbarrier.wait(kv_ready, lap & 1)
+    for i in range(steps):
+        step = g + i
+        s = step % STAGES
+        _h, m0 = _bwd_step(i, m_first, kvh, group, steps_per_head)
+        mbarrier.wait(qdo_ready.index(s), (step // STAGES) & 1)
         q = q_bufs.index(s)
         do = do_bufs.index(s)
         if BY_COLUMNS:
-            dk, dv, ds = _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+            dk, dv, ds = _bwd_products_by_columns(step, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
                                                   p_ready, ds_ready, dk, dv, n0, m0, seqlen_k, diag, qk_scale,
                                                   sm_scale, HALF, COLS, CAUSAL)
         else:
-            dk, dv, ds = _bwd_products_by_keys(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, ds_ready,
-                                               dk, dv, key0, m0, seqlen_k, diag, qk_scale, sm_scale, HALF, CAUSAL)
+            dk, dv, ds = _bwd_products_by_keys(step, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+                                               ds_ready, dk, dv, key0, m0, seqlen_k, diag, qk_scale, sm_scale, HALF,
+                                               CAUSAL)
         # dS of all the CTA's keys in shared memory: this warpgroup's half of dQ's columns, a chunk at a time.
         for c in gl.static_range(CHUNKS):
             dq = warpgroup_mma(ds, k_smem.slice(HALF * (HEAD_DIM // 2) + c * DQ_CHUNK, DQ_CHUNK, dim=1),
@@ -912,24 +966,51 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
                     mbarrier.arrive(qdo_free.index(s), count=1)
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
-            if not BY_COLUMNS:
-                mbarrier.wait(dq_empty.index(HALF), ((t * CHUNKS + c) & 1) ^ 1)  # the reducer has read the last one
+            if not BY_COLUMNS:  # the reducer has read the last one
+                mbarrier.wait(dq_empty.index(HALF), ((step * CHUNKS + c) & 1) ^ 1)
             elif c == 0:  # into the step's dO and q buffers once neither warpgroup's products read them
-                mbarrier.wait(products_done, t & 1)
+                mbarrier.wait(products_done, step & 1)
             _dq_staging(staging, s, c, DQ_CHUNK).index(HALF).store(dq)
             fence_async_shared()
             mbarrier.arrive(dq_full.index((s * CHUNKS + c) * 2 + HALF), count=1)
+    # The last dQ products read K: the next tile's K and V may land while dK and dV are stored.
+    mbarrier.arrive(kv_free, count=1)
     _store_rows(dk_ptr + col0, dk, b, kvh, key0, seqlen_k, stride_dkb, stride_dks, stride_dkh, COLS)
     _store_rows(dv_ptr + col0, dv, b, kvh, key0, seqlen_k, stride_dvb, stride_dvs, stride_dvh, COLS)
+    return steps
+
+
+@gluon.jit
+def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, kv_free,
+                   qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, n_tiles,
+                   seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb, stride_dks,
+                   stride_dkh, stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   PERSISTENT: gl.constexpr):
+    """A consumer warpgroup: the producer's tiles and steps."""
+    if PERSISTENT:
+        g = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            g += _bwd_consume_tile(t, _lap(t), g, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+                                   staging, kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done,
+                                   dq_full, dq_empty, dk_ptr, dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group,
+                                   heads_together, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                                   stride_dvs, stride_dvh, HALF, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
+    else:
+        _bwd_consume_tile(gl.program_id(0), 0, 0, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+                          staging, kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full,
+                          dq_empty, dk_ptr, dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together,
+                          qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                          HALF, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
 
 
 @fast_launch
 @gluon.jit
-def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_tiles,
                              seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_lb,
                              stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
                              HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
-                             STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                             STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     BY_COLUMNS: gl.constexpr = KEYS == HALF_M
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], q_desc.layout)
@@ -948,6 +1029,7 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     products_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -959,6 +1041,7 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     dq_full = gl.allocate_shared_memory(gl.int64, [STAGES * CHUNKS * 2, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_free, count=2)
     mbarrier.init(p_ready, count=2)
     mbarrier.init(ds_ready, count=2)
     mbarrier.init(products_done, count=2)
@@ -972,20 +1055,22 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(dq_full.index(i), count=1)
     gl.warp_specialize([
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
-                          qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
-                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
-                          stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM, KEYS, DQ_CHUNK,
-                          STAGES, CAUSAL)),
+                          kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
+                          dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
+                          stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM,
+                          KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
         (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
-                          qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
-                          dv_ptr, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
-                          stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM, KEYS, DQ_CHUNK,
-                          STAGES, CAUSAL)),
+                          kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
+                          dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
+                          stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM,
+                          KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
         (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
-                               kv_ready, qdo_ready, qdo_free, lse_ptr, delta_ptr, seqlen_q, seqlen_k, heads_kv, group,
-                               heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES, CAUSAL)),
-        (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, seqlen_q, seqlen_k,
-                                 heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)),
+                               kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q, seqlen_k,
+                               heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES,
+                               CAUSAL, PERSISTENT)),
+        (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k,
+                                 heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL,
+                                 PERSISTENT)),
     ], [4, 1, 1], [240, 24, 24])
 
 
@@ -997,28 +1082,35 @@ def supports_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_ou
 
 def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool,
-                qk_scale_log2: float, sm_scale: float) -> None:
+                qk_scale_log2: float, sm_scale: float, persistent: bool = True) -> None:
     """dQ, dK and dV into dq, dk and dv (laid out as q, k and v) in one pass, from the forward's natural-log LSE
     and delta = rowsum(dO * O) ([B, Hq, Sq] fp32 each); the scores scaled as in forward_ws, sm_scale the
     softmax scale itself. dQ is summed over the key blocks in fp32 (TMA reductions into a zeroed buffer, then
-    cast): its bits may differ run to run. Check `supports_backward` first."""
+    cast): its bits may differ run to run. `persistent` (non-causal only, as the forward's): a CTA an SM walks
+    the tiles, loading the next tile's K and V while it stores the last one's dK and dV (H100, 2 x 8k, 11
+    shuffled rounds: 1.029x a CTA a tile at d128, 1.010x at d64, 0.998x at d256); causal walks shorten along a
+    head, and handed out in turn they left SMs idle (0.48-0.61x): they run a CTA each, longest first, as the
+    hardware hands them out. Check `supports_backward` first."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     keys, dq_chunk = bwd_key_block(D), bwd_dq_chunk(D)
-    grid = (cdiv(Sk, keys), B * Hkv)
+    n_tiles = cdiv(Sk, keys) * B * Hkv
     if Sq == 0:  # no query: no gradient
         dk.zero_()
         dv.zero_()
         return
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    if grid[0] * grid[1] > 0:
+    if n_tiles > 0:
         bind_context(q.device)
-        _attention_bwd_ws_kernel[grid](
+        persistent = persistent and not causal
+        programs = persistent_programs(q.device, n_tiles) if persistent else n_tiles
+        _attention_bwd_ws_kernel[(programs,)](
             _descriptor(q, HALF_M.value, D), _descriptor(k, keys, D),
             _descriptor(v, keys, D), _descriptor(grad_out, HALF_M.value, D),
-            _descriptor(dq_acc, HALF_M.value, dq_chunk), lse, delta, dk, dv, Sq, Sk, Hkv, Hq // Hkv,
+            _descriptor(dq_acc, HALF_M.value, dq_chunk), lse, delta, dk, dv, n_tiles, Sq, Sk, Hkv, Hq // Hkv,
             heads_together(causal, 2 * Sq * D * q.element_size() * Hq // Hkv, FUSED_BWD_SHARED_BYTES),
             qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
-            HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, num_warps=4,
+            HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, PERSISTENT=persistent,
+            num_warps=4,
         )
     dq.copy_(dq_acc)
