@@ -637,6 +637,8 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # 0.92x causal (H100). Staged in a [64, 32] tile a warpgroup, handed to the reducer and
 # back four times a step, dQ held it to 0.74x / 0.66x (1.05x without the reductions, 1.7x without staging);
 # both warpgroups computing all of S^T and dP^T, to 0.69x / 0.63x (docs/performance.md, 2026-11-25).
+# Non-causal, a CTA an SM walks the tiles (backward_ws's `persistent`): the consumers release K and V once their
+# last dQ products have read K, and the producer loads the next tile's while they store dK and dV.
 
 BWD_STAGES = 2  # q and dO blocks in flight: 198 KB at d128 with K, V, dS and dQ's staging (3: 140 B spilled)
 BWD_HEAD_DIMS = (64, 128, 256)
