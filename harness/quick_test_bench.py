@@ -313,11 +313,6 @@ class _Trial:
     bwd: Timing = NAN_TIMING
     fresh_fwd: Timing = NAN_TIMING
     fresh_bwd: Timing = NAN_TIMING
-
-    @property
-    def host_bound(self) -> list[str]:
-        """The passes ("fwd", "bwd") whose time was mostly the runner's host time (Timing.host_bound)."""
-        return [name for name, t in (("fwd", self.fwd), ("bwd", self.bwd)) if t.host_bound > 0.5]
     error: str | None = None
 
     def result(self, shape: Shape, dims: dict[str, int], work: tuple[float, float]) -> ShapeResult:
