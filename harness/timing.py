@@ -81,6 +81,10 @@ class Samples:
     ms: list[float]
     host_bound: list[bool]
 
+    def timing(self) -> Timing:
+        """Their median, stddev and host-bound share."""
+        return summarize(self.ms, self.host_bound)
+
 
 @dataclass(frozen=True)
 class Rounds:
@@ -160,8 +164,7 @@ class Timer:
     def time(self, fn: Callable[[], object]) -> Timing:
         """`warmup` untimed calls of fn, then `repeats` timed ones (replays of one captured call in
         cuda-graph mode)."""
-        timed = self._time_calls([self._warmed_up(fn)] * self.repeats)
-        return summarize(timed.ms, timed.host_bound)
+        return self._time_calls([self._warmed_up(fn)] * self.repeats).timing()
 
     def time_interleaved(self, calls: Mapping[K, Callable[[], object]], rounds: int,
                          repeats_per_round: int | None = None, seed: int = 0) -> dict[K, Rounds]:
@@ -205,8 +208,7 @@ class Timer:
         set per call, whatever the repeats. Not in cuda-graph mode, which replays one captured call."""
         if self.mode == "cuda-graph":
             raise ValueError("cuda-graph timing replays one captured call: it cannot time a sequence of calls")
-        timed = self._time_calls(calls)
-        return summarize(timed.ms, timed.host_bound)
+        return self._time_calls(calls).timing()
 
     def _time_calls(self, calls: Sequence[Callable[[], object]]) -> Samples:
         """Each call's ms, in order (the wall clock times the host and the device together: no sample of it
