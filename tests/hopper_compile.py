@@ -44,7 +44,7 @@ from kernels.attention.kernel import (
 )
 from kernels.attention.tuning import config_for
 from kernels.common.blockwise_ws import _blockwise_ws_kernel
-from kernels.common.fp8 import FORMAT_ARGS
+from kernels.common.fp8 import FORMAT_ARGS, _amax_both_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -148,7 +148,25 @@ def compile_quantization(packed: bool) -> dict[str, int]:
     cast = _ptx(_head_cast_kernel, {"X": "*bf16", "Q": "*fp8e4nv", "AMAX": "*fp32", "SEQ": "*i32"},
                 tile | {("stride_qs" if packed else "stride_qd"): 1, **FORMAT_ARGS[torch.float8_e4m3fn],
                         "EMULATE": False, "EPS": 1e-12})
-    return {"atomics": amax.count("atom.global") + amax.count("red.global"), "cvt_e4m3": cast.count("e4m3x2")}
+    return _atomics(amax) | {"cvt_e4m3": cast.count("e4m3x2")}
+
+
+def _atomics(ptx: str) -> dict[str, int]:
+    """Global atomics, those of them relaxed, and fences: an amax kernel's atomics are read by the next launch
+    only, and Triton's default (acq_rel) fences each one (1.17-1.20x on quantize_both's amax pass relaxed)."""
+    ops = re.findall(r"(?:atom|red)\.global\S*", ptx)
+    return {"atomics": len(ops), "relaxed_atomics": sum(".relaxed." in op for op in ops),
+            "fences": len(re.findall(r"\b(?:fence|membar)\.", ptx))}
+
+
+def compile_rowwise_amax(rows: bool) -> dict[str, int]:
+    """quantize_both's rowwise amax pass over groups of tokens (kernels/common/fp8.py), per (group, column)
+    and, with `rows`, per row: its atomics."""
+    types = {"x_ptr": "*bf16", "row_amax_ptr": "*fp32", "group_amax_ptr": "*fp32", "offs_ptr": "*i64",
+             "padded_offs_ptr": "*i64", "block_groups_ptr": "*i32", "src_ptr": "*i32", "weight_ptr": "*fp32"}
+    constants = {"ROWWISE": True, "ROWS": rows, "TENSOR_PER_GROUP": 0, "EQUAL_GROUPS": False, "BLOCK_T": 128,
+                 "BLOCK_C": 128, "GLU": False, "GATHER": False, "WEIGHTED": False}
+    return _atomics(_ptx(_amax_both_kernel, types, constants))
 
 
 def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int = 128,
@@ -224,6 +242,7 @@ if __name__ == "__main__":
     found |= {f"bwd_kv-d128-{'tma' if tma else 'pointers'}-dq-atomic": compile_backward("bwd_kv", 128, tma, True)
               for tma in (False, True)}
     found |= {f"quantize-{'packed' if packed else 'dense'}": compile_quantization(packed) for packed in (False, True)}
+    found |= {f"rowwise-amax{'-rows' if rows else ''}": compile_rowwise_amax(rows) for rows in (False, True)}
     found |= {f"blockwise-ws-{'wgrad' if token else 'm-grouped'}{'-accumulate' if acc else ''}":
               compile_blockwise_ws(token, acc) for token, acc in ((False, False), (True, False), (True, True))}
     found |= {f"blockwise-ws-m-grouped-256-s{stages}": compile_blockwise_ws(False, False, 256, stages)

@@ -274,8 +274,8 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
     """Compiled for sm_90a here (no GPU needed): both products of the FP8 forward are E4M3 wgmma, with no
     mma.sync fallback; the bf16 forward and both backward passes are wgmma too, and with the tuned
     table's TMA knob on, their tile streams are TMA loads; dK/dV adding dQ adds a wgmma product and fp32
-    atomic adds (TMA reductions with TMA on); quantize_heads' kernels compile (atomic amax, E4M3
-    conversions)."""
+    atomic adds (TMA reductions with TMA on); quantize_heads' kernels compile (relaxed atomic amax, E4M3
+    conversions), as does quantize_both's rowwise amax pass (relaxed atomics)."""
     done = subprocess.run([sys.executable, "-m", "tests.hopper_compile"], cwd=REPO_ROOT, capture_output=True,
                           text=True, env=os.environ | {"TRITON_INTERPRET": "0"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -298,6 +298,10 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
         assert fp8["tma_loads"] == 0 and fp8_tma["tma_loads"] > 0, (d, fp8_tma)
     for layout in ("dense", "packed"):
         assert counts[f"quantize-{layout}"]["atomics"] > 0 and counts[f"quantize-{layout}"]["cvt_e4m3"] > 0
+    # The amax kernels' atomics (quantize_heads', quantize_both's) are relaxed: nothing in the launch reads them.
+    for kernel in ("quantize-dense", "quantize-packed", "rowwise-amax", "rowwise-amax-rows"):
+        amax = counts[kernel]
+        assert amax["atomics"] == amax["relaxed_atomics"] > 0 and amax["fences"] == 0, (kernel, amax)
     # The warp-specialized forward (hopper_ws): wgmma only, K and V by TMA, no spills, within its bound.
     for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)):
         for causal in ("", "-causal"):
@@ -310,14 +314,13 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
             dq = counts[f"attention-dq-ws-d{d}{causal}"]
             assert dq["wgmma"] > 0 and dq["mma_sync"] == 0 and dq["tma_loads"] > 0 and dq["spill_bytes"] == 0, dq
     # The fused backward (a CTA a tile, or its persistent grid): wgmma only, q and dO by TMA loads, dQ by TMA
-    # reductions; within shared memory; no spills
-    # at d64 and d128 (at d256, the K = 256 products' shared-memory descriptors hoisted out of the loop spill
-    # 136-140 bytes under Triton 3.6, 0-12 under 3.9).
+    # reductions; within shared memory; no spills (at d256 K's and V's descriptors hoisted out of the step loop
+    # spilled 148-180 bytes a thread under Triton 3.6, 0-16 under 3.9: hopper_ws._bwd_consume_tile).
     for d in hopper_ws.BWD_HEAD_DIMS:
         for launch in ("", "-causal", "-persistent"):  # persistent: non-causal only (backward_ws)
             bwd = counts[f"attention-bwd-ws-d{d}{launch}"]
             assert bwd["wgmma"] > 0 and bwd["mma_sync"] == 0 and bwd["tma_loads"] > 0 and bwd["tma_reduces"] > 0, bwd
-            assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] <= (192 if d == 256 else 0), bwd
+            assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] == 0, bwd
 
 
 def test_the_fp8_campaign_preset_validates_and_tunes_the_fp8_forward():

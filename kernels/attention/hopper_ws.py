@@ -721,7 +721,7 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 
 
 @gluon.jit
-def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs,
+def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs,
                    delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q,
                    seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
                    KEYS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
@@ -735,8 +735,8 @@ def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, 
     # A fresh barrier counts as having completed the phase before its first: the first tile's wait passes.
     mbarrier.wait(kv_free, (lap & 1) ^ 1)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_smem)
-    _tma_load(v_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, v_smem)
+    _tma_load(k_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, k_buf.index(0))
+    _tma_load(v_desc, [b * seqlen_k + n0, kvh * HEAD_DIM], kv_ready, v_buf.index(0))
     steps_per_head = steps // group
     for i in range(steps):
         s = (g + i) % STAGES
@@ -758,7 +758,7 @@ def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, 
 
 
 @gluon.jit
-def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
+def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs,
                         kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q, seqlen_k,
                         heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
                         KEYS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -768,12 +768,12 @@ def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem
     if PERSISTENT:
         g = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            g += _bwd_load_tile(t, _lap(t), g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem,
+            g += _bwd_load_tile(t, _lap(t), g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf,
                                 lse_bufs, delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr,
                                 n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh,
                                 HEAD_DIM, KEYS, STAGES, CAUSAL)
     else:
-        _bwd_load_tile(gl.program_id(0), 0, 0, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem,
+        _bwd_load_tile(gl.program_id(0), 0, 0, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf,
                        lse_bufs, delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles,
                        seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS,
                        STAGES, CAUSAL)
@@ -918,7 +918,7 @@ def _bwd_products_by_columns(t, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, 
 
 
 @gluon.jit
-def _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
+def _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                       kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
                       dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
                       stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr,
@@ -951,6 +951,14 @@ def _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delt
         mbarrier.wait(qdo_ready.index(s), (step // STAGES) & 1)
         q = q_bufs.index(s)
         do = do_bufs.index(s)
+        # At d256 K's and V's wgmma descriptors are built each step, from a slot index that is always 0 but
+        # not known to be: hoisted out of the loop (LLVM's way with loop-invariant values) they held 64
+        # registers, and ptxas (Triton 3.6) spilled 148-180 bytes a thread, reloaded every step (H100, built
+        # each step: 1.05x non-causal, 1.14x causal). At d64 and d128 they stay in uniform registers, and
+        # built each step ran 0.97-0.99x.
+        slot = step >> 30 if BY_COLUMNS else 0
+        k_smem = k_buf.index(slot)
+        v_smem = v_buf.index(slot)
         if BY_COLUMNS:
             dk, dv, ds = _bwd_products_by_columns(step, s, q, do, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
                                                   p_ready, ds_ready, dk, dv, n0, m0, seqlen_k, diag, qk_scale,
@@ -986,7 +994,7 @@ def _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delt
 
 
 @gluon.jit
-def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, kv_free,
+def _bwd_partition(q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, kv_free,
                    qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, n_tiles,
                    seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb, stride_dks,
                    stride_dkh, stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -996,13 +1004,13 @@ def _bwd_partition(q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_buf
     if PERSISTENT:
         g = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            g += _bwd_consume_tile(t, _lap(t), g, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+            g += _bwd_consume_tile(t, _lap(t), g, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs,
                                    staging, kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done,
                                    dq_full, dq_empty, dk_ptr, dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group,
                                    heads_together, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
                                    stride_dvs, stride_dvh, HALF, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
     else:
-        _bwd_consume_tile(gl.program_id(0), 0, 0, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs,
+        _bwd_consume_tile(gl.program_id(0), 0, 0, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs,
                           staging, kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full,
                           dq_empty, dk_ptr, dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together,
                           qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
@@ -1020,8 +1028,9 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     BY_COLUMNS: gl.constexpr = KEYS == HALF_M
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, HALF_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], v_desc.layout)
+    # K and V as one-slot buffers: the consumers index them each step (_bwd_consume_tile).
+    k_buf = gl.allocate_shared_memory(dtype, [1, KEYS, HEAD_DIM], k_desc.layout)
+    v_buf = gl.allocate_shared_memory(dtype, [1, KEYS, HEAD_DIM], v_desc.layout)
     # By keys: dS^T of a step, all the CTA's keys; two, so that a warpgroup writes the next step's while the
     # other may still read this one's. By columns (KEYS 64): two steps' P and a step's dS, rows queries.
     ds_bufs = gl.allocate_shared_memory(dtype, [3 if BY_COLUMNS else 2, KEYS, HALF_M],
@@ -1059,17 +1068,17 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     for i in gl.static_range(STAGES * CHUNKS * 2):
         mbarrier.init(dq_full.index(i), count=1)
     gl.warp_specialize([
-        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
+        (_bwd_partition, (q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
                           dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
                           stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM,
                           KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
-        (_bwd_partition, (q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
+        (_bwd_partition, (q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
                           dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
                           stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM,
                           KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
-        (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_smem, v_smem, lse_bufs, delta_bufs,
+        (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs,
                                kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q, seqlen_k,
                                heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES,
                                CAUSAL, PERSISTENT)),

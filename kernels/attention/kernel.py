@@ -635,8 +635,8 @@ def _head_amax_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """AMAX[b, h] (zeroed) = max |x| over sequence b's rows of head h; grid (row blocks, heads). The max goes
-    in as fp32 bits by an integer atomic (non-negative floats order as their bits): one for the block where
-    its rows share a sequence, one per row where they do not."""
+    in as fp32 bits by a relaxed integer atomic (non-negative floats order as their bits; only the next launch
+    reads them): one for the block where its rows share a sequence, one per row where they do not."""
     h = tl.program_id(1)
     x, b, ok, _ = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM, BLOCK_D,
                              BLOCK_S, VARLEN, 0, 0, 0, 0)  # no output
@@ -644,9 +644,9 @@ def _head_amax_kernel(
     amax_bits = AMAX.to(tl.pointer_type(tl.int32))
     first, last = tl.min(b), tl.max(b)  # rows past the end took the last row's sequence
     if first == last:
-        tl.atomic_max(amax_bits + first * heads + h, tl.max(row_max))
+        tl.atomic_max(amax_bits + first * heads + h, tl.max(row_max), sem="relaxed")
     else:
-        tl.atomic_max(amax_bits + b * heads + h, row_max, mask=ok)
+        tl.atomic_max(amax_bits + b * heads + h, row_max, mask=ok, sem="relaxed")
 
 
 @fast_launch

@@ -124,7 +124,7 @@ def _segment_amax_kernel(x_ptr, amax_ptr, R, C, stride_r, SEGMENT_ROWS, BLOCK_R:
         cols = c0 + tl.arange(0, BLOCK_C)
         x = tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < C))
         acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
-    tl.atomic_max(amax_ptr + seg, tl.max(acc))
+    tl.atomic_max(amax_ptr + seg, tl.max(acc), sem="relaxed")  # read by the next launch only
 
 
 @fast_launch
@@ -261,15 +261,19 @@ def _amax_both_kernel(
     x = tl.abs(_load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weight_ptr, GLU, GATHER,
                           WEIGHTED))
     # Non-negative floats order as their bit patterns do: one integer atomic max each, where a float
-    # atomic max costs two (a max for positives, a min for negatives).
+    # atomic max costs two (a max for positives, a min for negatives). Relaxed: only the next launch reads
+    # the maxima, so the default acq_rel's fences around each atomic bought nothing (1.17-1.20x on this pass
+    # with row maxima, H100).
     row_amax_bits = row_amax_ptr.to(tl.pointer_type(tl.int32))
     group_amax_bits = group_amax_ptr.to(tl.pointer_type(tl.int32))
     if ROWWISE:
         if ROWS:
-            tl.atomic_max(row_amax_bits + rows, tl.max(x, axis=1).to(tl.int32, bitcast=True), mask=row_mask)
-        tl.atomic_max(group_amax_bits + last * C + cols, tl.max(x, axis=0).to(tl.int32, bitcast=True), mask=col_mask)
+            tl.atomic_max(row_amax_bits + rows, tl.max(x, axis=1).to(tl.int32, bitcast=True), mask=row_mask,
+                          sem="relaxed")
+        tl.atomic_max(group_amax_bits + last * C + cols, tl.max(x, axis=0).to(tl.int32, bitcast=True), mask=col_mask,
+                      sem="relaxed")
     else:
-        tl.atomic_max(group_amax_bits + last * TENSOR_PER_GROUP, tl.max(x).to(tl.int32, bitcast=True))
+        tl.atomic_max(group_amax_bits + last * TENSOR_PER_GROUP, tl.max(x).to(tl.int32, bitcast=True), sem="relaxed")
 
 
 @fast_launch
