@@ -631,13 +631,17 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # dS is computed), dK's as soon as dS is (while dS is shared: 1.02-1.05x causal). Each step's LSE and delta come
 # through shared memory from the producer, loaded while it waits for the stage (1.05x at d128): loaded by the
 # consumers themselves they were live across the step's matmuls beside dK, dV, S^T and dP^T, and ptxas spilled
-# 120-448 bytes a thread at d128 (1.08-1.10x slower, H100); now none at d64 or d128 (Triton 3.6, sm_90a).
+# 120-448 bytes a thread at d128 (1.08-1.10x slower, H100); now none at d64 or d128 (Triton 3.6, sm_90a) but
+# 20 bytes on d128's persistent grid, which K's and V's descriptors built each step remove, but ran 0.985x.
 # At d256 (bwd_key_block) a CTA owns 64 keys and each warpgroup half of dK's and dV's columns for all of them
 # (by columns): each computes S^T and dP^T for 32 of the block's 64 query rows, P and dS go through shared memory
 # to both, and dQ's staging, for which shared memory has no room of its own there, goes into the step's dO and q
 # buffers once no product reads them, the reducer handing the stage back to the producer (222 KB, P in two
-# buffers so that dV's product need not finish before dS is shared: 1.02-1.05x causal): 1.06x cuDNN non-causal,
-# 0.92x causal (H100). Staged in a [64, 32] tile a warpgroup, handed to the reducer and
+# buffers so that dV's product need not finish before dS is shared: 1.02-1.05x causal): 1.12x cuDNN non-causal,
+# 1.00x causal (H100, K's and V's descriptors built each step; 1.07x / 0.89x before, when they spilled). There it
+# is bound by the L2's throughput (94% of its peak, ncu): each CTA owns 64 keys, so each step's q and dO
+# reads and dQ reductions (64 KB each) serve half the products they serve at d128, and cuDNN moves half those
+# bytes. Staged in a [64, 32] tile a warpgroup, handed to the reducer and
 # back four times a step, dQ held it to 0.74x / 0.66x (1.05x without the reductions, 1.7x without staging);
 # both warpgroups computing all of S^T and dP^T, to 0.69x / 0.63x (docs/performance.md, 2026-11-25).
 # Non-causal, a CTA an SM walks the tiles (backward_ws's `persistent`): the consumers release K and V once their
