@@ -226,7 +226,7 @@ def compile_attention_bwd_ws(head_dim: int, causal: bool, persistent: bool = Fal
     types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(keys, head_dim),
              "v_desc": _tile_type(keys, head_dim), "do_desc": _tile_type(64, head_dim),
              "dq_desc": _tile_type(64, dq_chunk, "fp32"), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
-             "dk_ptr": "*bf16", "dv_ptr": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
+             "dk_ptr": "*bf16", "dv_ptr": "*bf16", "tile_counter": "*i32", "qk_scale": "fp32", "sm_scale": "fp32"}
     constants = {"HEAD_DIM": head_dim, "KEYS": keys, "DQ_CHUNK": dq_chunk, "STAGES": BWD_STAGES, "CAUSAL": causal,
                  "PERSISTENT": persistent}
     compiled = _compile(_attention_bwd_ws_kernel, types, constants)
@@ -258,5 +258,6 @@ if __name__ == "__main__":
               for d in (64, 128) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}{'-causal' if causal else ''}": compile_attention_bwd_ws(d, causal)
               for d in (64, 128, 256) for causal in (False, True)}
-    found |= {f"attention-bwd-ws-d{d}-persistent": compile_attention_bwd_ws(d, False, True) for d in (64, 128, 256)}
+    found |= {f"attention-bwd-ws-d{d}-persistent{'-causal' if causal else ''}":
+              compile_attention_bwd_ws(d, causal, True) for d in (64, 128, 256) for causal in (False, True)}
     print(json.dumps(found))

@@ -637,23 +637,29 @@ def test_warp_specialized_backward_on_gpu(case, fused):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_warp_specialized_backward_walks_several_tiles_a_cta_on_gpu(head_dim, monkeypatch):
-    """The non-causal fused backward's persistent grid, on 5 CTAs so that each walks several tiles (the barriers'
-    phases carried from tile to tile, the next tile's K and V loaded while the last one's dK and dV are
-    stored): partial blocks, GQA; dQ, dK and dV against float64, into poisoned buffers, and dK and dV equal to a
-    CTA a tile's bit for bit."""
+def test_warp_specialized_backward_walks_several_tiles_a_cta_on_gpu(head_dim, causal, monkeypatch):
+    """The fused backward's persistent grid, on 5 CTAs so that each walks several tiles (the barriers' phases
+    carried from tile to tile, the next tile's K and V loaded while the last one's dK and dV are stored; causal,
+    the tiles handed out by the counter and passed to the other partitions, twice, so that the counter starts
+    from zero each call): partial blocks, GQA; dQ, dK and dV against float64, into poisoned buffers, and dK and
+    dV equal to a CTA a tile's bit for bit."""
     monkeypatch.setattr(hopper_ws, "persistent_programs", lambda device, tiles: min(5, tiles))
+    # causal at every head dim, not only where backward_ws takes the persistent grid causal by default
+    monkeypatch.setattr(hopper_ws, "CAUSAL_PERSISTENT_HEAD_DIMS", hopper_ws.BWD_HEAD_DIMS)
     q, k, v, g = make(2, 700, 900, 4, 2, head_dim, head_dim, torch.bfloat16, "cuda", seed=7)
-    out, *want = reference(q, k, v, g, False)
-    lse = reference_lse(q, k, False).float()
+    out, *want = reference(q, k, v, g, causal)
+    lse = reference_lse(q, k, causal).float()
     delta = (out * g.double()).sum(-1).transpose(1, 2).float().contiguous()
     scales = (kernel_module.LOG2E / math.sqrt(head_dim), 1 / math.sqrt(head_dim))
     found = []
-    for persistent in (True, False):
+    for persistent in (True, True, False):
         got = [torch.full_like(t, math.nan) for t in (q, k, v)]
-        hopper_ws.backward_ws(q, k, v, g, lse, delta, *got, False, *scales, persistent=persistent)
+        hopper_ws.backward_ws(q, k, v, g, lse, delta, *got, causal, *scales, persistent=persistent)
         found.append(got)
+    assert torch.equal(found[0][1], found[1][1]) and torch.equal(found[0][2], found[1][2])
+    found = found[1:]
     (dq, dk, dv), (_, grid_dk, grid_dv) = found
     assert torch.equal(dk, grid_dk) and torch.equal(dv, grid_dv)
     for name, have, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), want, strict=True):

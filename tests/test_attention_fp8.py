@@ -317,7 +317,8 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
     # reductions; within shared memory; no spills (at d256 K's and V's descriptors hoisted out of the step loop
     # spilled 148-180 bytes a thread under Triton 3.6, 0-16 under 3.9: hopper_ws._bwd_consume_tile).
     for d in hopper_ws.BWD_HEAD_DIMS:
-        for launch in ("", "-causal", "-persistent"):  # persistent: non-causal only (backward_ws)
+        causal_persistent = ("-persistent-causal",) if d in hopper_ws.CAUSAL_PERSISTENT_HEAD_DIMS else ()
+        for launch in ("", "-causal", "-persistent", *causal_persistent):  # as backward_ws launches it
             bwd = counts[f"attention-bwd-ws-d{d}{launch}"]
             assert bwd["wgmma"] > 0 and bwd["mma_sync"] == 0 and bwd["tma_loads"] > 0 and bwd["tma_reduces"] > 0, bwd
             assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] == 0, bwd

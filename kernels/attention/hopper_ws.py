@@ -644,9 +644,15 @@ def backward_dq_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: 
 # bytes. Staged in a [64, 32] tile a warpgroup, handed to the reducer and
 # back four times a step, dQ held it to 0.74x / 0.66x (1.05x without the reductions, 1.7x without staging);
 # both warpgroups computing all of S^T and dP^T, to 0.69x / 0.63x (docs/performance.md, 2026-11-25).
-# Non-causal, a CTA an SM walks the tiles (backward_ws's `persistent`): the consumers release K and V once their
-# last dQ products have read K, and the producer loads the next tile's while they store dK and dV.
+# Persistent (backward_ws's `persistent`), a CTA an SM walks tiles: the consumers release K and V once their
+# last dQ products have read K, and the producer loads the next tile's while they store dK and dV. Non-causal
+# tiles go in turn, causal ones from a counter (_next_tile); the producer passes each to the other partitions
+# through a two-slot ring in shared memory (_publish_tile, _received_tile).
 
+# Causal tiles on the persistent grid (the tile counter) at these head dims: 1.019x a CTA a tile at d64, 1.004 /
+# 1.015 / 1.035 / 1.008x at d256 (2 x 8k, 4 x 4k, 8 x 2k, 16 x 1k); at d128 0.992-1.017x (llama3-8b's GQA
+# 0.992 / 0.995x), where that build spills 36-60 bytes a thread (H100, 11 shuffled rounds).
+CAUSAL_PERSISTENT_HEAD_DIMS = (64, 256)
 BWD_STAGES = 2  # q and dO blocks in flight: 198 KB at d128 with K, V, dS and dQ's staging (3: 140 B spilled)
 BWD_HEAD_DIMS = (64, 128, 256)
 
@@ -725,6 +731,40 @@ def _bwd_step(t, m_first, kvh, group, steps_per_head):
 
 
 @gluon.jit
+def _publish_tile(t, lap, schedule):
+    """The producer hands tile t, its CTA's lap-th, to the other partitions through a two-slot ring (a tile
+    past the last tells them to stop)."""
+    tile_ids, tile_ready, tile_taken, _counter = schedule
+    slot = lap % 2
+    mbarrier.wait(tile_taken.index(slot), ((lap // 2) & 1) ^ 1)
+    tile_ids.index(slot).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+    mbarrier.arrive(tile_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _received_tile(lap, schedule, WARPS: gl.constexpr):
+    """The tile the producer handed out as its CTA's lap-th (_publish_tile), read by a partition of WARPS warps."""
+    tile_ids, tile_ready, tile_taken, _counter = schedule
+    slot = lap % 2
+    mbarrier.wait(tile_ready.index(slot), (lap // 2) & 1)
+    t = gl.max(tile_ids.index(slot).load(gl.BlockedLayout([1], [32], [WARPS], [0])), axis=0)
+    mbarrier.arrive(tile_taken.index(slot), count=1)
+    return t
+
+
+@gluon.jit
+def _next_tile(t, schedule, CAUSAL: gl.constexpr):
+    """The producer's tile after t (every CTA's first is its program id): non-causal tiles are all alike and go
+    in turn; causal walks shorten along a head, so the next no CTA has started, from the counter (zeroed before
+    the launch) in the order _bwd_tile counts them, longest first."""
+    if CAUSAL:
+        t = gl.atomic_add(schedule[3], 1, sem="relaxed") + gl.num_programs(0)
+    else:
+        t += gl.num_programs(0)
+    return t
+
+
+@gluon.jit
 def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs,
                    delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q,
                    seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
@@ -763,19 +803,26 @@ def _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, 
 
 @gluon.jit
 def _bwd_load_partition(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs,
-                        kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q, seqlen_k,
-                        heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
+                        kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, schedule, n_tiles, seqlen_q,
+                        seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM: gl.constexpr,
                         KEYS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-    """The producer: its CTA's tile (PERSISTENT: tiles program_id, program_id + programs, ..., the ring's
-    position running on from tile to tile). The other partitions are split the same way: a tile a CTA runs
-    outside any loop (one loop for both spilled 32-52 bytes a thread causal, ptxas of Triton 3.9)."""
+    """The producer: its CTA's tile, or (PERSISTENT) its tiles (_next_tile), each handed to the other
+    partitions (_publish_tile), the ring's position running on from tile to tile. The other partitions are
+    split the same way: a tile a CTA runs outside any loop (one loop for both spilled 32-52 bytes a thread
+    causal, ptxas of Triton 3.9)."""
     if PERSISTENT:
         g = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            g += _bwd_load_tile(t, _lap(t), g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf,
-                                lse_bufs, delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr,
-                                n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh,
-                                HEAD_DIM, KEYS, STAGES, CAUSAL)
+        lap = 0
+        t = gl.program_id(0)
+        while t < n_tiles:
+            _publish_tile(t, lap, schedule)
+            g += _bwd_load_tile(t, lap, g, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs,
+                                delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles,
+                                seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM,
+                                KEYS, STAGES, CAUSAL)
+            t = _next_tile(t, schedule, CAUSAL)
+            lap += 1
+        _publish_tile(t, lap, schedule)
     else:
         _bwd_load_tile(gl.program_id(0), 0, 0, q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf,
                        lse_bufs, delta_bufs, kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles,
@@ -816,16 +863,20 @@ def _bwd_reduce_tile(t, g, dq_desc, staging, dq_full, dq_empty, qdo_free, n_tile
 
 
 @gluon.jit
-def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k,
+def _bwd_reduce_partition(dq_desc, staging, dq_full, dq_empty, qdo_free, schedule, n_tiles, seqlen_q, seqlen_k,
                           heads_kv, group, heads_together, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
                           DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                           PERSISTENT: gl.constexpr):
     """dQ's reducer: the producer's tiles and steps."""
     if PERSISTENT:
         g = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        lap = 0
+        t = _received_tile(lap, schedule, 1)
+        while t < n_tiles:
             g += _bwd_reduce_tile(t, g, dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k,
                                   heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
+            lap += 1
+            t = _received_tile(lap, schedule, 1)
     else:
         _bwd_reduce_tile(gl.program_id(0), 0, dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q,
                          seqlen_k, heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
@@ -999,20 +1050,24 @@ def _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_
 
 @gluon.jit
 def _bwd_partition(q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready, kv_free,
-                   qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, n_tiles,
-                   seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb, stride_dks,
-                   stride_dkh, stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   PERSISTENT: gl.constexpr):
+                   qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr, dv_ptr, schedule,
+                   n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_dkb,
+                   stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, HALF: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
     """A consumer warpgroup: the producer's tiles and steps."""
     if PERSISTENT:
         g = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            g += _bwd_consume_tile(t, _lap(t), g, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs,
-                                   staging, kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done,
-                                   dq_full, dq_empty, dk_ptr, dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group,
+        lap = 0
+        t = _received_tile(lap, schedule, 4)
+        while t < n_tiles:
+            g += _bwd_consume_tile(t, lap, g, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging,
+                                   kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full,
+                                   dq_empty, dk_ptr, dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group,
                                    heads_together, qk_scale, sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb,
                                    stride_dvs, stride_dvh, HALF, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL)
+            lap += 1
+            t = _received_tile(lap, schedule, 4)
     else:
         _bwd_consume_tile(gl.program_id(0), 0, 0, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs,
                           staging, kv_ready, kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full,
@@ -1023,9 +1078,10 @@ def _bwd_partition(q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs,
 
 @fast_launch
 @gluon.jit
-def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_tiles,
-                             seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale, stride_lb,
-                             stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                             tile_counter, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale,
+                             sm_scale, stride_lb, stride_lh, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                             stride_dvs, stride_dvh,
                              HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, DQ_CHUNK: gl.constexpr,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
@@ -1046,6 +1102,11 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, HALF_M], stats_layout)
+    # The persistent grid's tiles, passed from the producer to the other partitions (_publish_tile).
+    tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1], stats_layout)
+    tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_taken = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    schedule = (tile_ids, tile_ready, tile_taken, tile_counter)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1069,26 +1130,28 @@ def _attention_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(qdo_free.index(s), count=1 if BY_COLUMNS else 2)
     for half in gl.static_range(2):
         mbarrier.init(dq_empty.index(half), count=1)
+        mbarrier.init(tile_ready.index(half), count=1)
+        mbarrier.init(tile_taken.index(half), count=3)  # both consumers and the reducer
     for i in gl.static_range(STAGES * CHUNKS * 2):
         mbarrier.init(dq_full.index(i), count=1)
     gl.warp_specialize([
         (_bwd_partition, (q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
-                          dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
-                          stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0, HEAD_DIM,
-                          KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
+                          dv_ptr, schedule, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale,
+                          sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 0,
+                          HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
         (_bwd_partition, (q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs, ds_bufs, staging, kv_ready,
                           kv_free, qdo_ready, qdo_free, p_ready, ds_ready, products_done, dq_full, dq_empty, dk_ptr,
-                          dv_ptr, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale, sm_scale,
-                          stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1, HEAD_DIM,
-                          KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
+                          dv_ptr, schedule, n_tiles, seqlen_q, seqlen_k, heads_kv, group, heads_together, qk_scale,
+                          sm_scale, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, 1,
+                          HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL, PERSISTENT)),
         (_bwd_load_partition, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_buf, v_buf, lse_bufs, delta_bufs,
-                               kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, n_tiles, seqlen_q, seqlen_k,
-                               heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM, KEYS, STAGES,
-                               CAUSAL, PERSISTENT)),
-        (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, n_tiles, seqlen_q, seqlen_k,
-                                 heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES, CAUSAL,
-                                 PERSISTENT)),
+                               kv_ready, kv_free, qdo_ready, qdo_free, lse_ptr, delta_ptr, schedule, n_tiles,
+                               seqlen_q, seqlen_k, heads_kv, group, heads_together, stride_lb, stride_lh, HEAD_DIM,
+                               KEYS, STAGES, CAUSAL, PERSISTENT)),
+        (_bwd_reduce_partition, (dq_desc, staging, dq_full, dq_empty, qdo_free, schedule, n_tiles, seqlen_q,
+                                 seqlen_k, heads_kv, group, heads_together, HEAD_DIM, KEYS, DQ_CHUNK, STAGES,
+                                 CAUSAL, PERSISTENT)),
     ], [4, 1, 1], [240, 24, 24])
 
 
@@ -1104,11 +1167,12 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     """dQ, dK and dV into dq, dk and dv (laid out as q, k and v) in one pass, from the forward's natural-log LSE
     and delta = rowsum(dO * O) ([B, Hq, Sq] fp32 each); the scores scaled as in forward_ws, sm_scale the
     softmax scale itself. dQ is summed over the key blocks in fp32 (TMA reductions into a zeroed buffer, then
-    cast): its bits may differ run to run. `persistent` (non-causal only, as the forward's): a CTA an SM walks
-    the tiles, loading the next tile's K and V while it stores the last one's dK and dV (H100, 2 x 8k, 11
-    shuffled rounds: 1.029x a CTA a tile at d128, 1.010x at d64, 0.998x at d256); causal walks shorten along a
-    head, and handed out in turn they left SMs idle (0.48-0.61x): they run a CTA each, longest first, as the
-    hardware hands them out. Check `supports_backward` first."""
+    cast): its bits may differ run to run. `persistent`: a CTA an SM walks tiles, loading the next tile's K and
+    V while it stores the last one's dK and dV (H100, 2 x 8k, 11 shuffled rounds: 1.029x a CTA a tile at d128,
+    1.010x at d64, 0.998x at d256); non-causal tiles are all alike and go in turn, causal walks shorten along a
+    head (handed out in turn they left SMs idle: 0.48-0.61x), so each CTA takes the next tile no CTA has
+    started, longest first, from a counter (at CAUSAL_PERSISTENT_HEAD_DIMS; a CTA a tile elsewhere). Check
+    `supports_backward` first."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     keys, dq_chunk = bwd_key_block(D), bwd_dq_chunk(D)
@@ -1117,15 +1181,18 @@ def backward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
         dk.zero_()
         dv.zero_()
         return
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    # dQ's fp32 sums and, past them, the causal persistent grid's tile counter: one zeroed buffer, one memset.
+    zeroed = torch.zeros(q.numel() + 1, device=q.device, dtype=torch.float32)
+    dq_acc, tile_counter = zeroed[:-1].view(q.shape), zeroed[-1:].view(torch.int32)
     if n_tiles > 0:
         bind_context(q.device)
-        persistent = persistent and not causal
+        persistent = persistent and (not causal or D in CAUSAL_PERSISTENT_HEAD_DIMS)
         programs = persistent_programs(q.device, n_tiles) if persistent else n_tiles
         _attention_bwd_ws_kernel[(programs,)](
             _descriptor(q, HALF_M.value, D), _descriptor(k, keys, D),
             _descriptor(v, keys, D), _descriptor(grad_out, HALF_M.value, D),
-            _descriptor(dq_acc, HALF_M.value, dq_chunk), lse, delta, dk, dv, n_tiles, Sq, Sk, Hkv, Hq // Hkv,
+            _descriptor(dq_acc, HALF_M.value, dq_chunk), lse, delta, dk, dv, tile_counter, n_tiles, Sq, Sk, Hkv,
+            Hq // Hkv,
             heads_together(causal, 2 * Sq * D * q.element_size() * Hq // Hkv, FUSED_BWD_SHARED_BYTES),
             qk_scale_log2, sm_scale, lse.stride(0), lse.stride(1), *dk.stride()[:3], *dv.stride()[:3],
             HEAD_DIM=D, KEYS=keys, DQ_CHUNK=dq_chunk, STAGES=BWD_STAGES, CAUSAL=causal, PERSISTENT=persistent,
