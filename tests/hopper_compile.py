@@ -260,4 +260,4 @@ if __name__ == "__main__":
               for d in (64, 128, 256) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}-persistent{'-causal' if causal else ''}":
               compile_attention_bwd_ws(d, causal, True) for d in (64, 128, 256) for causal in (False, True)}
-    print(json.dumps(found))
+    print(json.dumps(found | {"triton": triton.__version__}))

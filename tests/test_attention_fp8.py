@@ -270,16 +270,33 @@ def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
         assert torch.equal(got, eager_t) and snr_db(got, want) >= FLOOR
 
 
-def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
-    """Compiled for sm_90a here (no GPU needed): both products of the FP8 forward are E4M3 wgmma, with no
-    mma.sync fallback; the bf16 forward and both backward passes are wgmma too, and with the tuned
-    table's TMA knob on, their tile streams are TMA loads; dK/dV adding dQ adds a wgmma product and fp32
-    atomic adds (TMA reductions with TMA on); quantize_heads' kernels compile (relaxed atomic amax, E4M3
-    conversions), as does quantize_both's rowwise amax pass (relaxed atomics)."""
+# The lent GPU's Triton (3.6), installed apart (`pip install --no-deps --target DIR triton==3.6.0`; .ci/run does)
+# and named here: its ptxas spills where the newest Triton's does not (the fused backward at d256: 148-180 bytes
+# a thread under 3.6, reloaded every step, 0-16 under 3.9), so the kernels are compiled with both.
+GPU_TRITON = os.environ.get("TURBO_OPT_GPU_TRITON")
+# Spills a Triton leaves that were measured not to cost: d128's non-causal persistent backward under 3.6 (K's and
+# V's descriptors built each step remove them, and ran 0.985x on the H100).
+KNOWN_SPILLS = {"3.6": {"attention-bwd-ws-d128-persistent": 20}}
+
+
+@pytest.mark.parametrize("triton_dir", [
+    None, pytest.param(GPU_TRITON, marks=pytest.mark.skipif(not GPU_TRITON, reason="TURBO_OPT_GPU_TRITON unset"))],
+    ids=["installed", "gpu-triton"])
+def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions(triton_dir):
+    """Compiled for sm_90a here (no GPU needed), with the installed Triton and with the GPU's: both products of
+    the FP8 forward are E4M3 wgmma, with no mma.sync fallback; the bf16 forward and both backward passes are
+    wgmma too, and with the tuned table's TMA knob on, their tile streams are TMA loads; dK/dV adding dQ adds
+    a wgmma product and fp32 atomic adds (TMA reductions with TMA on); quantize_heads' kernels compile (relaxed
+    atomic amax, E4M3 conversions), as does quantize_both's rowwise amax pass (relaxed atomics); the
+    warp-specialized kernels spill nothing (but KNOWN_SPILLS)."""
+    env = os.environ | {"TRITON_INTERPRET": "0"}
+    if triton_dir:
+        env["PYTHONPATH"] = os.pathsep.join([triton_dir, str(REPO_ROOT)])
     done = subprocess.run([sys.executable, "-m", "tests.hopper_compile"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, env=os.environ | {"TRITON_INTERPRET": "0"}, timeout=600)
+                          text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
+    known_spills = KNOWN_SPILLS.get(".".join(counts.pop("triton").split(".")[:2]), {})
     for kernel in ("bf16-d128", "bwd_kv-d128", "bwd_q-d128"):
         pointers, tma = counts[f"{kernel}-pointers"], counts[f"{kernel}-tma"]
         assert pointers["wgmma"] > 0 and pointers["wgmma_e4m3"] == pointers["mma_sync"] == 0, (kernel, pointers)
@@ -319,9 +336,10 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions():
     for d in hopper_ws.BWD_HEAD_DIMS:
         causal_persistent = ("-persistent-causal",) if d in hopper_ws.CAUSAL_PERSISTENT_HEAD_DIMS else ()
         for launch in ("", "-causal", "-persistent", *causal_persistent):  # as backward_ws launches it
-            bwd = counts[f"attention-bwd-ws-d{d}{launch}"]
+            key = f"attention-bwd-ws-d{d}{launch}"
+            bwd = counts[key]
             assert bwd["wgmma"] > 0 and bwd["mma_sync"] == 0 and bwd["tma_loads"] > 0 and bwd["tma_reduces"] > 0, bwd
-            assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] == 0, bwd
+            assert bwd["shared_bytes"] <= SHARED_MEMORY_BYTES and bwd["spill_bytes"] <= known_spills.get(key, 0), bwd
 
 
 def test_the_fp8_campaign_preset_validates_and_tunes_the_fp8_forward():
