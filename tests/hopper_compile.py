@@ -4,10 +4,12 @@ and both backward passes at d128 (dK/dV also adding dQ atomically), with their t
 pointers and through tensor descriptors (TMA, the tuned table's knob), what the PTX holds (wgmma
 instructions, and of those the E4M3 ones; mma.sync, Ampere's fallback; TMA loads and reductions; atomics) and what
 ptxas reports (registers, bytes spilled), and the E4M3 conversions in the kernels that quantize q, k
-and v (dense, and packed into the sequence-major layout); and for the warp-specialized blockwise FP8 GEMM
-(Gluon), M-grouped and as the wgrad's token reduction, whether ptxas serializes its wgmmas; and the
-warp-specialized attention kernels (the forward, the dQ pass, the fused backward). Run with
-TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is)."""
+and v (dense, and packed into the sequence-major layout); the amax kernels' atomics (theirs and
+quantize_both's: relaxed, fenced); for the warp-specialized blockwise FP8 GEMM (Gluon), M-grouped and as
+the wgrad's token reduction, whether ptxas serializes its wgmmas; and the warp-specialized attention kernels
+(the forward, the dQ pass, the fused backward). The last line is a JSON object, with the Triton version
+under "triton". Run with TRITON_INTERPRET=0 (kernels/__init__ switches the interpreter on where no GPU is);
+with another Triton first on PYTHONPATH (the GPU's), it compiles with that one."""
 
 from __future__ import annotations
 
