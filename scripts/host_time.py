@@ -32,16 +32,20 @@ from harness.timing import Timer
 BUSY_CYCLES = 20_000_000
 
 
-def host_us(fn, calls: int) -> float:
+def host_us(fn, calls: int, profiler: cProfile.Profile | None = None) -> float:
     """Median host time of a call, in us, each issued behind a busy GPU, back to back as a training loop issues
     them (waiting for the GPU between samples idles the CPU, whose next call then read 2-3x slower: H100 host,
-    2026-11-27)."""
+    2026-11-27); with a `profiler`, each call inside it (its cost then in the samples)."""
     samples = []
     for _ in range(calls):
         torch.cuda._sleep(BUSY_CYCLES)
+        if profiler:
+            profiler.enable()
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
+        if profiler:
+            profiler.disable()
     torch.cuda.synchronize()
     return statistics.median(samples)
 
@@ -50,12 +54,7 @@ def profile(fn, calls: int, top: int) -> str:
     """cProfile of `calls` calls issued as host_us issues them: the `top` functions by own time, then by time
     inside them, in us and calls per call of fn (cProfile's own cost inflates functions called often)."""
     profiler = cProfile.Profile()
-    for _ in range(calls):
-        torch.cuda._sleep(BUSY_CYCLES)
-        profiler.enable()
-        fn()
-        profiler.disable()
-    torch.cuda.synchronize()
+    host_us(fn, calls, profiler)
     rows = [(own / calls * 1e6, inside / calls * 1e6, count / calls, f"{pstats.func_std_string(where)}")
             for where, (_, count, own, inside, _) in pstats.Stats(profiler).stats.items()]
     text = io.StringIO()
