@@ -47,7 +47,6 @@ from kernels.attention.kernel import (
 from kernels.attention.tuning import config_for
 from kernels.common.blockwise_ws import _blockwise_ws_kernel
 from kernels.common.fp8 import FORMAT_ARGS, _amax_both_kernel
-from kernels.grouped_gemm.kernel import _grouped_mm_vark_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -192,21 +191,6 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
 
 
-def compile_vark_fp8(cast_x: bool, block_q: int, num_warps: int, stages: int) -> dict[str, int]:
-    """The rowwise FP8 variable-K wgrad (kernels/grouped_gemm/kernel.py) on 128 x block_q tiles through tensor
-    descriptors, reading X as the transposed fp8 copy or, `cast_x`, as the bf16 gradient cast in its loads."""
-    x_type = "tensordesc<bf16[128, 128]>" if cast_x else "tensordesc<fp8e4nv[128, 128]>"
-    types = {"x_ptr": "*bf16" if cast_x else "*fp8e4nv", "y_ptr": "*fp8e4nv", "x_desc": x_type,
-             "y_desc": f"tensordesc<fp8e4nv[{block_q}, 128]>", "c_ptr": "*bf16", "offs_ptr": "*i64",
-             "x_offs_ptr": "*i64", "sx_ptr": "*fp32", "sy_ptr": "*fp32"}
-    constants = {"SCALE": 1, "PADDED": True, "TMA": True, "ACCUMULATE": False, "BLOCK_P": 128, "BLOCK_Q": block_q,
-                 "BLOCK_K": 128, "GROUP_P": 8, "stride_sxp": 1, "stride_syq": 1, "stride_sxb": 0, "stride_syb": 0,
-                 "X_CAST": cast_x, **FORMAT_ARGS[torch.float8_e4m3fn], "EMULATE": False, "EPS": 1e-12,
-                 "X_E5M2": False}
-    ptx = _ptx(_grouped_mm_vark_kernel, types, constants, num_warps, stages)
-    return _instructions(ptx) | _ptxas_report(ptx) | {"cvt_e4m3": ptx.count("e4m3x2")}
-
-
 def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:
     """The type of a host descriptor of [rows, head_dim] tiles (bf16, or fp32: the fused backward's dQ), as
     hopper_ws builds them."""
@@ -278,6 +262,4 @@ if __name__ == "__main__":
               for d in (64, 128, 256) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}-persistent{'-causal' if causal else ''}":
               compile_attention_bwd_ws(d, causal, True) for d in (64, 128, 256) for causal in (False, True)}
-    found |= {f"vark-fp8-{'cast' if cast else 'copy'}-128x{q}-w{warps}": compile_vark_fp8(cast, q, warps, 3)
-              for cast in (False, True) for q, warps in ((128, 4), (128, 8), (256, 8))}
     print(json.dumps(found | {"triton": triton.__version__}))

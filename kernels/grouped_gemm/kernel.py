@@ -18,7 +18,6 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.common.device import cdiv, persistent_programs
-from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, to_fp8_range
 from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
@@ -112,7 +111,7 @@ def _grouped_mm_kernel(
 @fast_launch
 @triton.jit
 def _grouped_mm_vark_kernel(
-    x_ptr, y_ptr, x_desc, y_desc, c_ptr, offs_ptr, x_offs_ptr, sx_ptr, sy_ptr,
+    x_ptr, y_ptr, x_desc, y_desc, c_ptr, offs_ptr, sx_ptr, sy_ptr,
     P, Q,
     stride_xp, stride_xt, stride_yq, stride_yt, stride_cg, stride_cp,
     stride_sxg, stride_sxp, stride_sxb, stride_syg, stride_syq, stride_syb,
@@ -121,8 +120,6 @@ def _grouped_mm_vark_kernel(
     TMA: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_P: tl.constexpr,
-    X_CAST: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0, MANTISSA: tl.constexpr = 3,
-    MIN_EXP: tl.constexpr = -6, EMULATE: tl.constexpr = False, EPS: tl.constexpr = 1e-12, X_E5M2: tl.constexpr = False,
 ):
     """C[g] = X_g @ Y_g^T, reducing over group g's tokens t in [offs[g], offs[g+1]) (variable K).
 
@@ -132,11 +129,6 @@ def _grouped_mm_vark_kernel(
     K-major operands): both read through tensor descriptors, the copy engine zero-filling past P and
     Q. Grid: (tiles of one [P, Q] output, groups); an empty group's tiles store zeros. ACCUMULATE:
     C[g] += the product instead (gradient accumulation into a main_grad buffer, fp32 sums).
-
-    X_CAST (rowwise FP8, TMA): X is the bf16/fp16 gradient itself, token-major [tokens, P] with its
-    groups at the unpadded `x_offs`, and sx holds its amax per (group, p): each [BLOCK_K, BLOCK_P] tile
-    is scaled, cast to fp8 and transposed in registers, exactly as quantize_both's transposed layout
-    would hold it, so that layout is never written nor read (one read of the gradient fewer).
     """
     g = tl.program_id(1)
     pid_p, pid_q = grouped_tile(tl.program_id(0), tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP_P)
@@ -155,22 +147,8 @@ def _grouped_mm_vark_kernel(
     acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
     if SCALE == 2:
         blk = start // BLOCK_K
-    if X_CAST:
-        x_start = tl.load(x_offs_ptr + g)
-        x_tokens = tl.load(x_offs_ptr + g + 1) - x_start
-        amax = tl.load(sx_ptr + g * stride_sxg + ps * stride_sxp, mask=p_mask, other=0.0)
-        x_inv_scale = 1.0 / (tl.maximum(amax, EPS) / FP8_MAX)
     for kb in range(0, tl.cdiv((end - start).to(tl.int32), BLOCK_K)):
-        if X_CAST:
-            t0 = (start + kb * BLOCK_K).to(tl.int32)
-            # The tile may reach into the next group's tokens: zeroed, as in the padded copy. Y's padding
-            # zeroes their products already; the mask keeps it so whatever the cast makes of a NaN.
-            in_group = kb * BLOCK_K + offs_t < x_tokens
-            x_tile = x_desc.load([(x_start + kb * BLOCK_K).to(tl.int32), pid_p * BLOCK_P]).to(tl.float32)
-            x_q = to_fp8_range(x_tile * x_inv_scale[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
-            x = tl.trans(tl.where(in_group[:, None], x_q, 0.0).to(tl.float8e5 if X_E5M2 else tl.float8e4nv))
-            y = y_desc.load([pid_q * BLOCK_Q, t0])
-        elif TMA:
+        if TMA:
             t0 = (start + kb * BLOCK_K).to(tl.int32)
             x = x_desc.load([pid_p * BLOCK_P, t0])
             y = y_desc.load([pid_q * BLOCK_Q, t0])
@@ -192,8 +170,6 @@ def _grouped_mm_vark_kernel(
         y_ptrs += BLOCK_K * stride_yt
     if SCALE == 1:
         sx = tl.load(sx_ptr + g * stride_sxg + ps * stride_sxp, mask=p_mask, other=0.0)
-        if X_CAST:  # sx held the amax
-            sx = tl.maximum(sx, EPS) / FP8_MAX
         sy = tl.load(sy_ptr + g * stride_syg + qs * stride_syq, mask=q_mask, other=0.0)
         acc = acc * sx[:, None] * sy[None, :]
     c_ptrs = c_ptr + tl.cast(g, tl.int64) * stride_cg + ps[:, None] * stride_cp + qs[None, :]
@@ -253,39 +229,18 @@ class VarKScales:
     per_k_block: bool = False
 
 
-@dataclass(frozen=True)
-class CastX:
-    """X handed to the variable-K kernel unquantized: the bf16/fp16 gradient [tokens, P] itself, its
-    groups at `offs` (unpadded), cast to `fp8_dtype` in the kernel's loads; the VarKScales' x is then
-    its amax per (group, p) (quantize_both's group_amax), not a scale."""
-
-    offs: torch.Tensor
-    fp8_dtype: torch.dtype
-
-
-def cast_x_supported(x: torch.Tensor, y: torch.Tensor, scales: VarKScales | None, padded: bool) -> bool:
-    """Whether the kernel can cast X in its loads: rowwise scales, padded fp8 Y, both read by TMA."""
-    return (scales is not None and not scales.per_k_block and padded and x.stride(1) == 1
-            and tma_layout(x) is True and tma_layout(y) is True)
-
-
 def grouped_mm_vark(
     x: torch.Tensor, y: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
     scales: VarKScales | None = None, padded: bool = False, accumulate: bool = False,
-    cast_x: CastX | None = None,
 ) -> torch.Tensor:
     """out[g] = x[:, cols_g] @ y[:, cols_g]^T (`accumulate`: out[g] += it): x [P, M], y [Q, M] (any
     strides), out [G, P, Q] with unit-stride rows.
 
     `padded`: x and y hold every group zero-padded to whole 128-token blocks at 128-aligned
-    `offs` (as quantize_both writes them). `cast_x`: x is instead the unquantized [tokens, P] tensor
-    (see CastX; cast_x_supported says where).
+    `offs` (as quantize_both writes them).
     """
-    P, Q = (x.shape[1] if cast_x else x.shape[0]), y.shape[0]
+    (P, _), (Q, _) = x.shape, y.shape
     G = offs.numel() - 1
-    if cast_x is not None and not cast_x_supported(x, y, scales, padded):
-        raise ValueError("grouped_mm_vark: casting X in the loads needs rowwise scales and TMA-readable padded "
-                         "operands")
     if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
     if padded and 128 % cfg.BLOCK_K:
@@ -301,18 +256,15 @@ def grouped_mm_vark(
     x_desc = y_desc = None
     if tma:
         bind_context(x.device)
-        x_block = [cfg.BLOCK_K, cfg.BLOCK_M] if cast_x else [cfg.BLOCK_M, cfg.BLOCK_K]
-        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), x_block)
+        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
         y_desc = TensorDescriptor(y, list(y.shape), list(y.stride()), [cfg.BLOCK_N, cfg.BLOCK_K])
-    cast_args = {} if cast_x is None else {"X_CAST": True, "EPS": AMAX_EPS, **FORMAT_ARGS[cast_x.fp8_dtype],
-                                           "X_E5M2": cast_x.fp8_dtype == torch.float8_e5m2}
     _grouped_mm_vark_kernel[grid](
-        x, y, x_desc, y_desc, out, offs, offs if cast_x is None else cast_x.offs, s.x, s.y,
+        x, y, x_desc, y_desc, out, offs, s.x, s.y,
         P, Q,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1),
         *s.x_strides, *s.y_strides,
         SCALE=mode, PADDED=padded, TMA=tma, ACCUMULATE=accumulate,
         BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cast_args,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

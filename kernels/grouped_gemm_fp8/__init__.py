@@ -27,12 +27,10 @@ import torch
 
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, RowSource, quantize_both
 from kernels.grouped_gemm import check_grouped_inputs
-from kernels.grouped_gemm.kernel import CastX
 from kernels.grouped_gemm_fp8.kernel import (
     ForBackward,
     QuantizedWeight,
     WeightFp8,
-    casts_in_wgrad,
     check_main_grad,
     check_prequantized,
     m_grouped_fp8,
@@ -42,9 +40,6 @@ from kernels.grouped_gemm_fp8.kernel import (
 )
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-# Whether the rowwise wgrad casts the upstream gradient in its loads (casts_in_wgrad) rather than reading
-# the gradient's transposed fp8 copy; a module switch so that benchmarks can time both.
-WGRAD_CASTS_GRADIENT = True
 
 
 def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Config | None = None) -> WeightFp8:
@@ -95,20 +90,13 @@ def fp8_backward(
     never written permuted)."""
     gran = config.granularity
     groups = RowGroups.tokens(offs, saved.layout)
-    # The wgrad casts the gradient in its own loads where it can: its transposed copy is never written.
-    cast_grad = (grad_b is not None and trans_b and grad_source is None and WGRAD_CASTS_GRADIENT
-                 and casts_in_wgrad(grad_out, saved.a_cols, gran))
     g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None,
-                      source=grad_source, col_amax_only=cast_grad)
+                      source=grad_source)
     if grad_a is not None:
         m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a)
     if grad_b is not None:
-        tokens = grad_out.shape[0] if grad_source is None else grad_source.rows.numel()
-        if cast_grad:
-            vark_fp8((grad_out, g.col_amax), saved.a_cols, g.padded_offs, tokens, gran, grad_b, accumulate_b,
-                     cast_x=CastX(offs, config.grad_dtype))
-            return
         x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
+        tokens = grad_out.shape[0] if grad_source is None else grad_source.rows.numel()
         vark_fp8(x, y, g.padded_offs, tokens, gran, grad_b, accumulate_b)
 
 

@@ -24,7 +24,7 @@ from kernels.common.device import cdiv
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, TokenLayout, quantize_blocks_2d, quantize_both
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
-from kernels.grouped_gemm.kernel import CastX, VarKScales, cast_x_supported, grouped_mm, grouped_mm_vark
+from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
 from kernels.grouped_gemm_fp8.tuning import config_for
 
 
@@ -218,33 +218,20 @@ def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[i
     return (0, scale.stride(1), scale.stride(0))
 
 
-def casts_in_wgrad(grad: torch.Tensor, y: tuple[torch.Tensor, torch.Tensor] | None, granularity: Granularity) -> bool:
-    """Whether the rowwise wgrad can read the gradient `grad` [tokens, P] unquantized and cast it in its
-    loads (CastX) beside y, the other operand's transposed layout: the gradient's transposed fp8 copy is
-    then never written, and its quantization keeps only the column amax."""
-    if granularity != Granularity.ROWWISE or y is None:
-        return False
-    return cast_x_supported(grad, y[0], VarKScales(y[1], (0, 0, 0), y[1], (0, 0, 0)), padded=True)
-
-
 def vark_fp8(
     x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor], padded_offs: torch.Tensor,
     tokens: int, granularity: Granularity, out: torch.Tensor, accumulate: bool = False,
-    cfg: TileConfig | None = None, cast_x: CastX | None = None,
+    cfg: TileConfig | None = None,
 ) -> None:
     """out[g] = x_g^T @ y_g over group g's tokens (`accumulate`: out[g] += it): x = (q^T [P, capacity],
     scale) and y likewise, both in the padded transposed layout of quantize_both, quantized per group;
-    under the tuned table's config unless `cfg` is given (a sweep). `cast_x` (rowwise, casts_in_wgrad):
-    x = (the unquantized [tokens, P] gradient, its column amax [G, P]) instead."""
+    under the tuned table's config unless `cfg` is given (a sweep)."""
     (xt, sx), (yt, sy) = x, y
     scales = VarKScales(
         x=sx, x_strides=vark_scale_strides(sx, granularity), y=sy, y_strides=vark_scale_strides(sy, granularity),
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
-    if cast_x is not None:
-        grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate, cast_x=cast_x)
-        return
     if granularity == Granularity.BLOCKWISE:
         token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
         token_cfg = blockwise_ws.token_reduction_tile(cfg, out)
