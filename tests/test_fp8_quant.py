@@ -4,6 +4,8 @@ import torch
 from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.fp8 import (
+    AMAX_EPS,
+    FP8_MAX,
     WHOLE_ROW_MAX,
     Granularity,
     RowGroups,
@@ -134,7 +136,10 @@ def test_quantize_both_on_stacked_weights_matches_quantize_rows_per_expert(granu
 @pytest.mark.parametrize("read", ["gather", "gather-weighted", "gather-glu"])
 def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(granularity, read):
     """Rows read through an index (some -1: zero rows), scaled per row or a SwiGLU's input, on skewed and
-    empty groups: every layout and scale equals quantize_both of the copy written out in fp32."""
+    empty groups: every layout and scale equals quantize_both of the copy written out in fp32, but for the
+    rowwise transposed layout, whose amaxes come from the source (one read of its tokens): there every
+    group's column scale is the column's amax over all tokens times the largest |weight|, and each group
+    dequantizes back to the copy."""
     device = default_device()
     T, C, R = 23, 272, 150
     g = torch.Generator().manual_seed(1)
@@ -148,10 +153,25 @@ def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(
     glu = read == "gather-glu"
     want = quantize_both(copy, E4M3, granularity, RowGroups.tokens(offs), glu=glu)
     got = quantize_both(x, E4M3, granularity, RowGroups.tokens(offs), glu=glu, source=RowSource(rows, weight))
-    for layout in ("rows", "cols_t"):
+    exact = ("rows",) if granularity == Granularity.ROWWISE else ("rows", "cols_t")
+    for layout in exact:
         for g_t, w_t in zip(getattr(got, layout), getattr(want, layout), strict=True):
             assert torch.equal(g_t.float(), w_t.float()), layout
     assert torch.equal(got.padded_offs, want.padded_offs)
+    if granularity == Granularity.ROWWISE:
+        source = (x[:, :C // 2].float() * torch.sigmoid(x[:, :C // 2].float()) * x[:, C // 2:].float()) if glu \
+            else x.float()
+        bound = source.abs().amax(0) * (1.0 if weight is None else weight.abs().max())
+        qt, st = got.cols_t
+        assert torch.allclose(st, (bound.clamp_min(AMAX_EPS) / FP8_MAX[E4M3]).expand_as(st), rtol=1e-6, atol=0)
+        padded = got.padded_offs.tolist()
+        for g in range(offs.numel() - 1):
+            first, size = int(offs[g]), int(offs[g + 1] - offs[g])
+            assert not qt[:, padded[g] + size:padded[g + 1]].float().any()  # the padding stays zero
+            if size and copy[first:first + size].any():
+                group = (copy[:, :C // 2] * torch.sigmoid(copy[:, :C // 2]) * copy[:, C // 2:]) if glu else copy
+                assert snr_db(_dequantized_group(qt, st, granularity, g, padded[g], size),
+                              group[first:first + size]) > 25
 
 
 def test_quantize_both_refuses_a_row_source_of_the_wrong_kind():

@@ -286,6 +286,7 @@ def _quantize_both_kernel(
     MODE: tl.constexpr,  # 0 tensorwise, 1 rowwise (amax from _amax_both_kernel), 2 blockwise (scales here)
     ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr, EQUAL_GROUPS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
+    SOURCE_AMAX: tl.constexpr = False,
 ):
     """One read of a [BLOCK_T, BLOCK_C] tile of x (GLU: of silu(gate) * up; GATHER, WEIGHTED: of rows read
     through an index and scaled; see _load_tile), one or two fp8 layouts written from it:
@@ -295,6 +296,9 @@ def _quantize_both_kernel(
     ROWS, q [R, C] scaled along C (per tensor, per row, or per 1x128 block), the forward's and the
     dgrad's A operand. Program tb < SCALE_GROUPS also writes group tb's scales, so that an empty group
     gets its own too.
+
+    SOURCE_AMAX (rowwise, GATHER): the amaxes are those of x's own rows (row_amax, one a token) and columns
+    (group_amax: one a column over all tokens, then the largest |weight|); see quantize_both.
     """
     tb, cb = _tile_of_program(tl.cdiv(C, BLOCK_C))
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -311,14 +315,31 @@ def _quantize_both_kernel(
         if tb < TOKEN_BLOCKS:  # [capacity / 128, C]: a token block's scales are contiguous, as the wgrad reads them
             tl.store(scale_t_ptr + tb * C + cols, col_scale, mask=col_mask)
     elif MODE == 1:
-        row_scale = tl.maximum(tl.load(row_amax_ptr + rows, mask=row_mask, other=0.0), EPS) / FP8_MAX
-        col_scale = tl.maximum(tl.load(group_amax_ptr + last * C + cols, mask=col_mask, other=0.0), EPS) / FP8_MAX
+        if SOURCE_AMAX:
+            # A row's amax is its token's times |weight| (exactly: rounding keeps the order), and the column's
+            # over all tokens times the largest |weight| bounds every group's (the same scale for each group).
+            src = tl.load(src_ptr + rows, mask=row_mask, other=-1)
+            row_amax = tl.load(row_amax_ptr + src, mask=row_mask & (src >= 0), other=0.0)
+            col_amax = tl.load(group_amax_ptr + cols, mask=col_mask, other=0.0)
+            if WEIGHTED:
+                row_amax *= tl.abs(tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32))
+                col_amax *= tl.load(group_amax_ptr + C)
+            row_scale = tl.maximum(row_amax, EPS) / FP8_MAX
+            col_scale = tl.maximum(col_amax, EPS) / FP8_MAX
+        else:
+            row_scale = tl.maximum(tl.load(row_amax_ptr + rows, mask=row_mask, other=0.0), EPS) / FP8_MAX
+            col_scale = tl.maximum(tl.load(group_amax_ptr + last * C + cols, mask=col_mask, other=0.0),
+                                   EPS) / FP8_MAX
         if ROWS:  # noqa: SIM102 (a compile-time flag, then a run-time test: Triton cannot `and` them)
             if cb == 0:
                 tl.store(scale_ptr + rows, row_scale, mask=row_mask)
         if tb < SCALE_GROUPS:
-            amax = tl.load(group_amax_ptr + tb * C + cols, mask=col_mask, other=0.0)
-            tl.store(scale_t_ptr + tb * C + cols, tl.maximum(amax, EPS) / FP8_MAX, mask=col_mask)
+            if SOURCE_AMAX:
+                group_scale = col_scale
+            else:
+                group_scale = tl.maximum(tl.load(group_amax_ptr + tb * C + cols, mask=col_mask, other=0.0),
+                                         EPS) / FP8_MAX
+            tl.store(scale_t_ptr + tb * C + cols, group_scale, mask=col_mask)
     else:
         # The tensor's (group's) scale loaded as vectors along the tile's rows and columns, as the rowwise
         # scales are: broadcast from a scalar instead, Triton 3.6 wrote a wrong q^T on the H100 for tiles
@@ -560,9 +581,13 @@ def quantize_both(
         scale_t = torch.empty((capacity // BLOCK, C), dtype=torch.float32, device=device)
         mode = 2
     elif granularity == Granularity.ROWWISE:
-        # One zeroed buffer for both amaxes: one memset.
-        amax = torch.zeros(R * rows + max(G, 1) * C, dtype=torch.float32, device=device)
-        row_amax, group_amax = amax[:R] if rows else amax, amax[R * rows:].view(-1, C)
+        # One zeroed buffer for both amaxes: one memset. Through a row source, they are the source's (below):
+        # one a token, then one a column over all tokens and the largest |weight|.
+        amax_rows, amax_cols = (x.shape[0], C + 1) if source is not None else (R, max(G, 1) * C)
+        amax = torch.zeros(amax_rows * rows + amax_cols, dtype=torch.float32, device=device)
+        row_amax, group_amax = amax[:amax_rows] if rows else amax, amax[amax_rows * rows:]
+        if source is None:
+            group_amax = group_amax.view(-1, C)
         scale = torch.empty(R, dtype=torch.float32, device=device) if rows else None
         scale_t = torch.empty((G, C), dtype=torch.float32, device=device)
         scale_groups, mode = G, 1
@@ -575,11 +600,27 @@ def quantize_both(
     common = dict(src_ptr=x if src is None else src, weight_ptr=x if weight is None else weight, G=G, R=R, C=C,
                   stride_x=x.stride(0), GROUP_ROWS=groups.size, EQUAL_GROUPS=equal, GLU=glu,
                   GATHER=src is not None, WEIGHTED=weight is not None)
+    # quant_sweep.py --sweep (H100, 2026-11-25): the amax pass's 4 warps read 1.2-1.4x faster than 8 on every
+    # shape; a SwiGLU input (two tiles a program) is fastest 64 columns wide.
+    amax_block_c = BLOCK // 2 if glu else BLOCK
+    source_amax = mode == 1 and source is not None
+    if source_amax and C:
+        # A gathered tensor's amaxes from its source, one read of x's T rows rather than of the R rows read
+        # through the index (an MoE layer's tokens and their top-k copies): each row's amax is its token's
+        # times |weight|, and every group's column amax is at most the column's over all tokens times the
+        # largest |weight|. A scale from that bound costs precision only below fp8's normal range.
+        T = x.shape[0]
+        if T:
+            source_read = common | {"G": 1, "R": T, "GROUP_ROWS": T, "EQUAL_GROUPS": True, "GATHER": False,
+                                    "WEIGHTED": False}
+            _amax_both_kernel[(cdiv(T, BLOCK) * cdiv(C, amax_block_c),)](
+                x, row_amax, group_amax, x, x, x, **source_read, ROWWISE=True, ROWS=rows, TENSOR_PER_GROUP=0,
+                BLOCK_T=BLOCK, BLOCK_C=amax_block_c, num_warps=4,
+            )
+        if weight is not None:
+            torch.linalg.vector_norm(weight, float("inf"), dtype=torch.float32, out=group_amax[C])
     if C and (R or scale_groups):
-        if mode != 2 and R:
-            # quant_sweep.py --sweep (H100, 2026-11-25): 4 warps read 1.2-1.4x faster than 8 on every
-            # shape; a SwiGLU input (two tiles a program) is fastest 64 columns wide.
-            amax_block_c = BLOCK // 2 if glu else BLOCK
+        if mode != 2 and R and not source_amax:
             _amax_both_kernel[(token_blocks * cdiv(C, amax_block_c),)](
                 x, row_amax, group_amax, offs, padded_ptr, block_groups_ptr, **common, ROWWISE=mode == 1, ROWS=rows,
                 TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=amax_block_c, num_warps=4,
@@ -591,6 +632,7 @@ def quantize_both(
             offs, padded_ptr, block_groups_ptr, **common, stride_q=C, stride_qt=capacity,
             TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
             MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
+            SOURCE_AMAX=source_amax,
             # 4 warps measured up to 15% faster than 8 (H100, 2026-11-23), except on a SwiGLU input
             # (1.18x with 8, 2026-11-25)
             num_warps=8 if glu else 4,
