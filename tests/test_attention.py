@@ -700,18 +700,22 @@ def test_varlen_bf16_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("packed_step", "deterministic"), [(False, False), (False, True), (True, False)],
-                         ids=["dense", "dense-deterministic", "packed"])
-def test_causal_gqa_step_under_cuda_graph_replay_equals_eager(packed_step, deterministic):
+@pytest.mark.parametrize(("packed_step", "deterministic", "head_dim"),
+                         [(False, False, 128), (False, True, 128), (True, False, 128), (False, False, 64),
+                          (False, False, 256)],
+                         ids=["dense", "dense-deterministic", "packed", "dense-d64", "dense-d256"])
+def test_causal_gqa_step_under_cuda_graph_replay_equals_eager(packed_step, deterministic, head_dim):
     """fwd + bwd captured once, replayed on new values: what eager mode computes, and right. The packed step
     reads cu_seqlens on the device only (a host read would fail the capture). Where dQ is summed across key
     blocks by fp32 reductions (the fused backward on Hopper) its last bits follow the order they land in:
-    equal only to rounding there, bit for bit with `deterministic`."""
+    equal only to rounding there, bit for bit with `deterministic`. At d64 and d256 the fused backward takes
+    its causal tiles from a counter in the buffer the call zeroes (a memset node in the graph): each replay
+    starts it again."""
     lens = (300, 0, 1, 700)
     if packed_step:
         q, k, v, g, cu, _ = packed(lens, lens, 8, 2, 128, 128, torch.bfloat16, "cuda")
     else:
-        q, k, v, g = make(2, 513, 513, 8, 2, 128, 128, torch.bfloat16, "cuda")
+        q, k, v, g = make(2, 513, 513, 8, 2, head_dim, head_dim, torch.bfloat16, "cuda")
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
 
     def step():

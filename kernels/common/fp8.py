@@ -539,8 +539,10 @@ def quantize_both(
     `glu`: x is a SwiGLU's input [R, 2C] (gate columns, then up) and what is quantized is
     silu(gate) * up, computed in fp32 in each pass: the SwiGLU output is never written. `source`: the
     tensor quantized has R = source.rows.numel() rows, each a row of x read through the index (and
-    scaled), in fp32 in each pass (see RowSource). With either, the transposed layout is written even
-    without `cols`.
+    scaled), in fp32 in each pass (see RowSource); rowwise, its amaxes come from x's own rows (one read
+    of x, not of its R gathered rows): the rows' scales are exactly those of the gathered rows, and
+    cols_t's scale is one for all groups, each column's amax over x times the largest |weight| (a bound
+    of every group's). With either, the transposed layout is written even without `cols`.
 
     rows: q [R, C] with TENSORWISE scale [1] ([G] with `tensor_per_group`), ROWWISE [R], BLOCKWISE
     [R, cdiv(C, 128)]. cols_t: q^T [C, groups.capacity(R)], group g in columns [padded[g],
