@@ -47,7 +47,6 @@ from kernels.attention.kernel import (
 from kernels.attention.tuning import config_for
 from kernels.common.blockwise_ws import _blockwise_ws_kernel
 from kernels.common.fp8 import FORMAT_ARGS, _amax_both_kernel
-from kernels.grouped_gemm_fp8.wgrad_cast_ws import _wgrad_cast_ws_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -190,27 +189,6 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     compiled = _compile(_blockwise_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
-
-
-CAST_GROUPS = 2
-
-
-def compile_wgrad_cast_ws(block_q: int, stages: int, raw: int, accumulate: bool = False) -> dict[str, int]:
-    """The warp-specialized rowwise wgrad casting its bf16 gradient (kernels/grouped_gemm_fp8/wgrad_cast_ws.py)
-    into bf16 (or adding into an fp32 main_grad): wgmmas, TMA loads, E4M3 conversions, registers, spills, shared
-    memory."""
-    def descriptor(rows: int, cols: int, element: str, dtype) -> str:
-        return f"tensordesc<{element}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)!r}>"
-    types = {"grad_desc": descriptor(128, 64, "bf16", gl.bfloat16),
-             "y_desc": descriptor(block_q, 128, "fp8e4nv", gl.float8e4nv), "c_ptr": "*fp32" if accumulate else "*bf16",
-             "amax_ptr": "*fp32", "sy_ptr": "*fp32", "offs_ptr": "*i64", "padded_ptr": "*i64"}
-    constants = {"BLOCK_Q": block_q, "GROUP_P": 8, "STAGES": stages, "RAW": raw, "ACCUMULATE": accumulate,
-                 "NUM_PROGRAMS": 132, "TOKENS_PER_THREAD": 16, "CAST_GROUPS": CAST_GROUPS, "CAST_REGS": 120,
-                 "FP8_MAX": 448.0, "EPS": 1e-12, "XQ_DTYPE": gl.float8e4nv, "stride_cp": 128}
-    compiled = _compile(_wgrad_cast_ws_kernel, types, constants)
-    ptx = compiled.asm["ptx"]
-    return _instructions(ptx) | _ptxas_report(ptx) | {"cvt_e4m3": ptx.count("e4m3x2"),
-                                                      "shared_bytes": compiled.metadata.shared}
 
 
 def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:

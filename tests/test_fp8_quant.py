@@ -174,26 +174,6 @@ def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(
                               group[first:first + size]) > 25
 
 
-@pytest.mark.parametrize("rows", [False, True], ids=["cols", "rows-and-cols"])
-def test_quantize_both_keeps_only_the_column_amax_for_a_wgrad_that_casts_itself(rows):
-    """col_amax_only: the rows layout as before (bit for bit), and instead of the transposed layout the amax per
-    (group, column) its scales come from; the transposed layout's refusal where no such wgrad reads it."""
-    device = default_device()
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(150, 272, generator=g).half().to(device)
-    groups = RowGroups.tokens(group_offsets(torch.tensor([0, 131, 0, 2, 17], dtype=torch.int64, device=device)))
-    full = quantize_both(x, E4M3, Granularity.ROWWISE, groups, rows=rows)
-    amax_only = quantize_both(x, E4M3, Granularity.ROWWISE, groups, rows=rows, col_amax_only=True)
-    assert amax_only.cols_t is None
-    if rows:
-        for got, want in zip(amax_only.rows, full.rows, strict=True):
-            assert torch.equal(got.float(), want.float())
-    assert torch.equal(amax_only.col_amax.clamp_min(AMAX_EPS) / FP8_MAX[E4M3], full.cols_t[1])
-    assert torch.equal(amax_only.padded_offs, full.padded_offs)
-    with pytest.raises(ValueError, match="col_amax_only"):
-        quantize_both(x, E4M3, Granularity.BLOCKWISE, groups, col_amax_only=True)
-
-
 def test_quantize_both_refuses_a_row_source_of_the_wrong_kind():
     x = torch.randn(4, 128, device=default_device()).half()
     groups = RowGroups.equal(1, 8)

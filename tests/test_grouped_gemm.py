@@ -1,14 +1,13 @@
 import pytest
 import torch
 
-import kernels.grouped_gemm_fp8 as fp8_op
 from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.fp8 import Float8Config, Format, Granularity
 from kernels.common.tiles import config_from_table
 from kernels.grouped_gemm import group_offsets, grouped_gemm
 from kernels.grouped_gemm.tuning import TUNABLE_SPACE, TUNED_TABLE
-from kernels.grouped_gemm_fp8 import grouped_gemm_fp8, prequantize_weight, wgrad_cast_ws
+from kernels.grouped_gemm_fp8 import grouped_gemm_fp8, prequantize_weight
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
 from tests.graph_replay import replay_and_eager
 from tests.grouped_reference import grouped_reference
@@ -169,38 +168,6 @@ def test_fp8_step_that_wants_one_gradient_gets_it_right(granularity, wants, devi
     _, ref_da, ref_db = grouped_reference(a.detach(), b.detach(), lens, grad_out, True)
     got, ref, other = (a.grad, ref_da, b.grad) if wants == "input" else (b.grad, ref_db, a.grad)
     assert other is None and snr_db(got, ref) >= 25
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", [Format.E4M3, Format.HYBRID], ids=lambda f: f.value)
-@pytest.mark.parametrize("split", ["hot", "empty", "odd"])
-@pytest.mark.parametrize("wants_input", [True, False], ids=["both-grads", "weight-grad"])
-@pytest.mark.parametrize("main_grad", [False, True], ids=["fresh", "main-grad"])
-def test_gpu_wgrad_casting_the_gradient_itself_equals_reading_its_transposed_copy(
-        fmt, split, wants_input, main_grad, monkeypatch):
-    """The rowwise wgrad casting the bf16 upstream gradient in warps of its own (wgrad_cast_ws: masked past each
-    group's end, its quantization keeping only the column amax) gives the gradients that the quantized
-    transposed copy gives, on skewed, empty and odd groups, fresh or added into a main_grad; and right."""
-    lens, N, K = [4 * n for n in SPLITS[split]], 200, 136
-    cfg = Float8Config(fmt, Granularity.ROWWISE)
-    torch.manual_seed(13)
-    a0 = torch.randn(sum(lens), K, dtype=torch.bfloat16, device="cuda")
-    b0 = torch.randn(len(lens), N, K, dtype=torch.bfloat16, device="cuda")
-    grad = torch.randn(sum(lens), N, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty(K, 1024, dtype=torch.float8_e4m3fn, device="cuda")
-    assert wgrad_cast_ws.supported(grad, y, b0)  # the path under test is taken
-    results = []
-    for casts in (False, True):
-        monkeypatch.setattr(fp8_op, "WGRAD_CASTS_GRADIENT", casts)
-        a, b = a0.clone().requires_grad_(wants_input), b0.clone().requires_grad_()
-        buffer = torch.ones_like(b0, dtype=torch.float32) if main_grad else None
-        grouped_gemm_fp8(a, b, torch.tensor(lens, device="cuda"), config=cfg, main_grad=buffer).backward(grad)
-        results.append((a.grad, buffer - 1 if main_grad else b.grad))
-    (copy_da, copy_db), (cast_da, cast_db) = results
-    assert snr_db(cast_db, copy_db.double()) >= 60  # the same fp8 values meet the same MMAs (another tile shape)
-    assert (copy_da is None and cast_da is None) if not wants_input else torch.equal(copy_da, cast_da)
-    _, _, ref_db = grouped_reference(a0, b0, lens, grad, True)
-    assert snr_db(cast_db, ref_db) >= 20
 
 
 @pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.BLOCKWISE], ids=lambda g: g.value)

@@ -286,7 +286,7 @@ def _quantize_both_kernel(
     MODE: tl.constexpr,  # 0 tensorwise, 1 rowwise (amax from _amax_both_kernel), 2 blockwise (scales here)
     ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr, EQUAL_GROUPS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
-    SOURCE_AMAX: tl.constexpr = False, COLS: tl.constexpr = True,
+    SOURCE_AMAX: tl.constexpr = False,
 ):
     """One read of a [BLOCK_T, BLOCK_C] tile of x (GLU: of silu(gate) * up; GATHER, WEIGHTED: of rows read
     through an index and scaled; see _load_tile), one or two fp8 layouts written from it:
@@ -297,7 +297,6 @@ def _quantize_both_kernel(
     dgrad's A operand. Program tb < SCALE_GROUPS also writes group tb's scales, so that an empty group
     gets its own too.
 
-    Not COLS (rowwise): q alone, for a wgrad that casts the tensor itself (its column amax from the amax pass).
     SOURCE_AMAX (rowwise, GATHER): the amaxes are those of x's own rows (row_amax, one a token) and columns
     (group_amax: one a column over all tokens, then the largest |weight|); see quantize_both.
     """
@@ -334,7 +333,7 @@ def _quantize_both_kernel(
         if ROWS:  # noqa: SIM102 (a compile-time flag, then a run-time test: Triton cannot `and` them)
             if cb == 0:
                 tl.store(scale_ptr + rows, row_scale, mask=row_mask)
-        if COLS and tb < SCALE_GROUPS:
+        if tb < SCALE_GROUPS:
             if SOURCE_AMAX:
                 group_scale = col_scale
             else:
@@ -354,13 +353,12 @@ def _quantize_both_kernel(
         q = to_fp8_range(x * (1.0 / row_scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q.to(q_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])
-    if COLS:
-        qt = tl.trans(to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE))
-        dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
-        # Programs past the layout (tb >= TOKEN_BLOCKS) only write scales.
-        in_layout = dest < TOKEN_BLOCKS * BLOCK_T
-        tl.store(qt_ptr + cols[:, None] * stride_qt + dest[None, :], qt.to(qt_ptr.dtype.element_ty),
-                 mask=col_mask[:, None] & in_layout[None, :])
+    qt = tl.trans(to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE))
+    dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
+    # Programs past the layout (tb >= TOKEN_BLOCKS) only write scales.
+    in_layout = dest < TOKEN_BLOCKS * BLOCK_T
+    tl.store(qt_ptr + cols[:, None] * stride_qt + dest[None, :], qt.to(qt_ptr.dtype.element_ty),
+             mask=col_mask[:, None] & in_layout[None, :])
 
 
 @fast_launch
@@ -515,13 +513,11 @@ def token_layout(group_offs: torch.Tensor, blocks: int) -> TokenLayout:
 class Quantized:
     """What `quantize_both` wrote: `rows` (q [R, C], scale) for the passes that reduce over C, `cols_t`
     (q^T [C, capacity], scale) for the wgrad, which reduces over the rows of each group, and the groups'
-    token layout (token groups only). Scale shapes: see quantize_both. `col_amax` [G, C]: instead of
-    cols_t, the amax a wgrad that casts the tensor itself scales it by (quantize_both's col_amax_only)."""
+    token layout (token groups only). Scale shapes: see quantize_both."""
 
     rows: tuple[torch.Tensor, torch.Tensor] | None
     cols_t: tuple[torch.Tensor, torch.Tensor] | None
     layout: TokenLayout | None
-    col_amax: torch.Tensor | None = None
 
     @property
     def padded_offs(self) -> torch.Tensor | None:
@@ -536,7 +532,7 @@ def padded_capacity(rows: int, groups: int) -> int:
 def quantize_both(
     x: torch.Tensor, fp8_dtype: torch.dtype, granularity: Granularity, groups: RowGroups,
     rows: bool = True, cols: bool = True, tensor_per_group: bool = False, glu: bool = False,
-    source: RowSource | None = None, col_amax_only: bool = False,
+    source: RowSource | None = None,
 ) -> Quantized:
     """Quantize a row-major [R, C] tensor into the layouts a training step reads, in one pass over x
     (blockwise) or two (rowwise, tensorwise: the amax, then the casts), each layout only if asked for.
@@ -553,9 +549,7 @@ def quantize_both(
     padded[g+1]) zero-padded to a multiple of 128 so readers take aligned, unmasked 128-token blocks;
     scale TENSORWISE the rows' tensor, ROWWISE [G, C], BLOCKWISE [capacity / 128, C] indexed by the
     padded column // 128 (blocks never cross groups). One program per 128-row block and column block:
-    a group holding most tokens gets most programs (skew-balanced). `col_amax_only` (rowwise, token
-    groups, neither glu nor source): the columns' amax [G, C] instead of cols_t, for a wgrad that casts x
-    itself (kernels/grouped_gemm_fp8/wgrad_cast_ws.py): the transposed layout is neither written nor read.
+    a group holding most tokens gets most programs (skew-balanced).
     """
     if x.ndim != 2 or x.stride(1) != 1:
         raise ValueError(f"quantize_both: x must be 2-D with contiguous rows, got {tuple(x.shape)} {x.stride()}")
@@ -566,8 +560,6 @@ def quantize_both(
         raise ValueError("quantize_both: a RowSource holds int32 rows [R] and weights [R] or None, got "
                          f"{source.rows.dtype} {list(source.rows.shape)} and "
                          f"{None if source.weight is None else list(source.weight.shape)}")
-    if col_amax_only and (granularity != Granularity.ROWWISE or glu or source is not None or groups.offs is None):
-        raise ValueError("quantize_both: col_amax_only is for rowwise token groups read directly")
     R = x.shape[0] if source is None else source.rows.numel()
     C = x.shape[1] // 2 if glu else x.shape[1]
     if not cols and not glu and source is None:  # one layout along the rows: quantize_rows, one kernel
@@ -583,7 +575,7 @@ def quantize_both(
     offs = x if equal else groups.offs  # pointers the kernels never read for equal groups
     padded_ptr, block_groups_ptr = (x, x) if equal else (layout.padded_offs, layout.block_groups)
     q = torch.empty((R, C), dtype=fp8_dtype, device=device) if rows else None
-    qt = None if col_amax_only else torch.empty((C, capacity), dtype=fp8_dtype, device=device)
+    qt = torch.empty((C, capacity), dtype=fp8_dtype, device=device)
     row_amax = group_amax = scale = scale_t = None
     scale_groups = 0
     if granularity == Granularity.BLOCKWISE:
@@ -636,22 +628,19 @@ def quantize_both(
                 TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=amax_block_c, num_warps=4,
             )
         unused = scale_t  # stands in for the pointers a mode does not read
-        if rows or not col_amax_only:
-            _quantize_both_kernel[(max(token_blocks, scale_groups) * cdiv(C, BLOCK),)](
-                x, qt if q is None else q, unused if qt is None else qt, unused if scale is None else scale,
-                scale_t, unused if row_amax is None else row_amax, unused if group_amax is None else group_amax,
-                offs, padded_ptr, block_groups_ptr, **common, stride_q=C, stride_qt=capacity,
-                TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
-                MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
-                SOURCE_AMAX=source_amax, COLS=not col_amax_only,
-                # 4 warps measured up to 15% faster than 8 (H100, 2026-11-23), except on a SwiGLU input
-                # (1.18x with 8, 2026-11-25)
-                num_warps=8 if glu else 4,
-            )
+        _quantize_both_kernel[(max(token_blocks, scale_groups) * cdiv(C, BLOCK),)](
+            x, qt if q is None else q, qt, unused if scale is None else scale, scale_t,
+            unused if row_amax is None else row_amax, unused if group_amax is None else group_amax,
+            offs, padded_ptr, block_groups_ptr, **common, stride_q=C, stride_qt=capacity,
+            TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
+            MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
+            SOURCE_AMAX=source_amax,
+            # 4 warps measured up to 15% faster than 8 (H100, 2026-11-23), except on a SwiGLU input
+            # (1.18x with 8, 2026-11-25)
+            num_warps=8 if glu else 4,
+        )
     elif mode == 0:  # nothing to read: the scale of an all-zero tensor
         scale.fill_(AMAX_EPS / FP8_MAX[fp8_dtype])
-    if col_amax_only:
-        return Quantized((q, scale) if rows else None, None, layout, group_amax)
     return Quantized((q, scale) if rows else None, (qt, scale_t), layout)
 
 

@@ -27,7 +27,6 @@ import torch
 
 from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, RowSource, quantize_both
 from kernels.grouped_gemm import check_grouped_inputs
-from kernels.grouped_gemm_fp8 import wgrad_cast_ws
 from kernels.grouped_gemm_fp8.kernel import (
     ForBackward,
     QuantizedWeight,
@@ -41,9 +40,6 @@ from kernels.grouped_gemm_fp8.kernel import (
 )
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-# Whether the rowwise wgrad casts the upstream gradient itself (wgrad_cast_ws) where it can, rather than
-# reading the gradient's transposed fp8 copy: a module switch, so that benchmarks/wgrad_cast_ab.py times both.
-WGRAD_CASTS_GRADIENT = True
 
 
 def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Config | None = None) -> WeightFp8:
@@ -94,18 +90,11 @@ def fp8_backward(
     never written permuted)."""
     gran = config.granularity
     groups = RowGroups.tokens(offs, saved.layout)
-    # Rowwise, the wgrad casts the gradient itself where it can (wgrad_cast_ws): its transposed copy is
-    # never written, and its quantization keeps only the column amax.
-    cast_grad = (WGRAD_CASTS_GRADIENT and grad_b is not None and trans_b and grad_source is None
-                 and gran == Granularity.ROWWISE and wgrad_cast_ws.supported(grad_out, saved.a_cols[0], grad_b))
     g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None,
-                      source=grad_source, col_amax_only=cast_grad)
+                      source=grad_source)
     if grad_a is not None:
         m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a)
-    if cast_grad:
-        wgrad_cast_ws.wgrad_cast_mm(grad_out, g.col_amax, *saved.a_cols, offs, g.padded_offs, grad_b,
-                                    config.grad_dtype, accumulate_b)
-    elif grad_b is not None:
+    if grad_b is not None:
         x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
         tokens = grad_out.shape[0] if grad_source is None else grad_source.rows.numel()
         vark_fp8(x, y, g.padded_offs, tokens, gran, grad_b, accumulate_b)
