@@ -153,14 +153,21 @@ def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(
     glu = read == "gather-glu"
     want = quantize_both(copy, E4M3, granularity, RowGroups.tokens(offs), glu=glu)
     got = quantize_both(x, E4M3, granularity, RowGroups.tokens(offs), glu=glu, source=RowSource(rows, weight))
+    # The transposed layout alone (a backward that wants only the weight's gradient): the same.
+    cols_only = quantize_both(x, E4M3, granularity, RowGroups.tokens(offs), rows=False, glu=glu,
+                              source=RowSource(rows, weight))
+    assert cols_only.rows is None
+    for g_t, w_t in zip(cols_only.cols_t, got.cols_t, strict=True):
+        assert torch.equal(g_t.float(), w_t.float())
     exact = ("rows",) if granularity == Granularity.ROWWISE else ("rows", "cols_t")
     for layout in exact:
         for g_t, w_t in zip(getattr(got, layout), getattr(want, layout), strict=True):
             assert torch.equal(g_t.float(), w_t.float()), layout
     assert torch.equal(got.padded_offs, want.padded_offs)
     if granularity == Granularity.ROWWISE:
-        source = (x[:, :C // 2].float() * torch.sigmoid(x[:, :C // 2].float()) * x[:, C // 2:].float()) if glu \
-            else x.float()
+        def swiglu(t):
+            return t[:, :C // 2] * torch.sigmoid(t[:, :C // 2]) * t[:, C // 2:]
+        source, quantized = (swiglu(x.float()), swiglu(copy)) if glu else (x.float(), copy)
         bound = source.abs().amax(0) * (1.0 if weight is None else weight.abs().max())
         qt, st = got.cols_t
         assert torch.allclose(st, (bound.clamp_min(AMAX_EPS) / FP8_MAX[E4M3]).expand_as(st), rtol=1e-6, atol=0)
@@ -168,10 +175,9 @@ def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(
         for g in range(offs.numel() - 1):
             first, size = int(offs[g]), int(offs[g + 1] - offs[g])
             assert not qt[:, padded[g] + size:padded[g + 1]].float().any()  # the padding stays zero
-            if size and copy[first:first + size].any():
-                group = (copy[:, :C // 2] * torch.sigmoid(copy[:, :C // 2]) * copy[:, C // 2:]) if glu else copy
+            if size and quantized[first:first + size].any():
                 assert snr_db(_dequantized_group(qt, st, granularity, g, padded[g], size),
-                              group[first:first + size]) > 25
+                              quantized[first:first + size]) > 25
 
 
 def test_quantize_both_refuses_a_row_source_of_the_wrong_kind():

@@ -318,13 +318,15 @@ def _quantize_both_kernel(
         if SOURCE_AMAX:
             # A row's amax is its token's times |weight| (exactly: rounding keeps the order), and the column's
             # over all tokens times the largest |weight| bounds every group's (the same scale for each group).
-            src = tl.load(src_ptr + rows, mask=row_mask, other=-1)
-            row_amax = tl.load(row_amax_ptr + src, mask=row_mask & (src >= 0), other=0.0)
+            if ROWS:  # (without, row_amax_ptr holds no token's amax)
+                src = tl.load(src_ptr + rows, mask=row_mask, other=-1)
+                row_amax = tl.load(row_amax_ptr + src, mask=row_mask & (src >= 0), other=0.0)
+                if WEIGHTED:
+                    row_amax *= tl.abs(tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32))
+                row_scale = tl.maximum(row_amax, EPS) / FP8_MAX
             col_amax = tl.load(group_amax_ptr + cols, mask=col_mask, other=0.0)
             if WEIGHTED:
-                row_amax *= tl.abs(tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32))
                 col_amax *= tl.load(group_amax_ptr + C)
-            row_scale = tl.maximum(row_amax, EPS) / FP8_MAX
             col_scale = tl.maximum(col_amax, EPS) / FP8_MAX
         else:
             row_scale = tl.maximum(tl.load(row_amax_ptr + rows, mask=row_mask, other=0.0), EPS) / FP8_MAX
