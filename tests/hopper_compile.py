@@ -47,6 +47,7 @@ from kernels.attention.kernel import (
 from kernels.attention.tuning import config_for
 from kernels.common.blockwise_ws import _blockwise_ws_kernel
 from kernels.common.fp8 import FORMAT_ARGS, _amax_both_kernel
+from kernels.grouped_gemm.kernel import _grouped_mm_kernel, _grouped_mm_vark_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -189,6 +190,29 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     compiled = _compile(_blockwise_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
+
+
+def compile_grouped_epilogue(var_k: bool, block_n: int, num_warps: int, c_type: str, slices: int) -> dict[str, int]:
+    """The grouped GEMM kernels (kernels/grouped_gemm/kernel.py) adding an FP8 rowwise product into C (`c_type`,
+    a main_grad) as the wgrads launch them, 128 x block_n tiles through TMA, 3 stages, the epilogue in `slices`
+    column slices: the variable-K kernel (the grouped wgrad) or the M-grouped one (the dense wgrad)."""
+    fp8 = "*fp8e4nv"
+    common = {"SCALE": 1, "TMA": True, "ACCUMULATE": True, "EPILOGUE_SLICES": slices, "BLOCK_K": 128}
+    if var_k:
+        types = {"x_ptr": fp8, "y_ptr": fp8, "x_desc": "tensordesc<fp8e4nv[128, 128]>",
+                 "y_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "c_ptr": c_type, "offs_ptr": "*i64",
+                 "sx_ptr": "*fp32", "sy_ptr": "*fp32"}
+        constants = common | {"PADDED": True, "BLOCK_P": 128, "BLOCK_Q": block_n, "GROUP_P": 8, "stride_xt": 1,
+                              "stride_yt": 1, "stride_sxp": 1, "stride_syq": 1}
+        kernel = _grouped_mm_vark_kernel
+    else:
+        types = {"a_ptr": fp8, "b_ptr": fp8, "a_desc": "tensordesc<fp8e4nv[128, 128]>",
+                 "b_desc": f"tensordesc<fp8e4nv[1, {block_n}, 128]>", "c_ptr": c_type, "offs_ptr": "*i64",
+                 "sa_ptr": "*fp32", "sb_ptr": "*fp32"}
+        constants = common | {"B_K_MAJOR": True, "SB_OUT_DIV": 1, "BLOCK_M": 128, "BLOCK_N": block_n, "GROUP_M": 8,
+                              "NUM_PROGRAMS": 132, "stride_bk": 1, "stride_sam": 1, "stride_sbn": 1}
+        kernel = _grouped_mm_kernel
+    return _ptxas_report(_ptx(kernel, types, constants, num_warps, 3))
 
 
 def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:

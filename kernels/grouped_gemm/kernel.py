@@ -38,6 +38,7 @@ def _grouped_mm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    EPILOGUE_SLICES: tl.constexpr,
 ):
     """C[rows_g] = A[rows_g] @ B_g^T for every group (ACCUMULATE: C += it, summed in fp32); B_g is
     [N, K] through its strides.
@@ -96,14 +97,9 @@ def _grouped_mm_kernel(
                         acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
                 else:
                     acc = tl.dot(a, b, acc)
-            if SCALE == 1:
-                sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0)
-                sb = tl.load(sb_ptr + g * stride_sbg + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
-                acc = acc * sa[:, None] * sb[None, :]
-            c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
-            if ACCUMULATE:
-                acc += tl.load(c_ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+            sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0) if SCALE == 1 else None
+            _store_tile(acc, c_ptr + rows[:, None] * stride_cm, row_mask, col0, N, sa, sb_ptr + g * stride_sbg,
+                        stride_sbn, SB_OUT_DIV, SCALE == 1, ACCUMULATE, EPILOGUE_SLICES)
             tile += NUM_PROGRAMS
         tiles_before += tiles_g
 
@@ -119,6 +115,7 @@ def _grouped_mm_vark_kernel(
     PADDED: tl.constexpr,
     TMA: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    EPILOGUE_SLICES: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_P: tl.constexpr,
 ):
     """C[g] = X_g @ Y_g^T, reducing over group g's tokens t in [offs[g], offs[g+1]) (variable K).
@@ -129,6 +126,7 @@ def _grouped_mm_vark_kernel(
     K-major operands): both read through tensor descriptors, the copy engine zero-filling past P and
     Q. Grid: (tiles of one [P, Q] output, groups); an empty group's tiles store zeros. ACCUMULATE:
     C[g] += the product instead (gradient accumulation into a main_grad buffer, fp32 sums).
+    EPILOGUE_SLICES (1 or 2): the output tile stored in that many column slices.
     """
     g = tl.program_id(1)
     pid_p, pid_q = grouped_tile(tl.program_id(0), tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP_P)
@@ -168,14 +166,58 @@ def _grouped_mm_vark_kernel(
             acc = tl.dot(x, y.T, acc)
         x_ptrs += BLOCK_K * stride_xt
         y_ptrs += BLOCK_K * stride_yt
-    if SCALE == 1:
-        sx = tl.load(sx_ptr + g * stride_sxg + ps * stride_sxp, mask=p_mask, other=0.0)
-        sy = tl.load(sy_ptr + g * stride_syg + qs * stride_syq, mask=q_mask, other=0.0)
-        acc = acc * sx[:, None] * sy[None, :]
-    c_ptrs = c_ptr + tl.cast(g, tl.int64) * stride_cg + ps[:, None] * stride_cp + qs[None, :]
+    sx = tl.load(sx_ptr + g * stride_sxg + ps * stride_sxp, mask=p_mask, other=0.0) if SCALE == 1 else None
+    _store_tile(acc, c_ptr + tl.cast(g, tl.int64) * stride_cg + ps[:, None] * stride_cp, p_mask, pid_q * BLOCK_Q, Q,
+                sx, sy_ptr + g * stride_syg, stride_syq, 1, SCALE == 1, ACCUMULATE, EPILOGUE_SLICES)
+
+
+@triton.jit
+def _store_tile(acc, c_rows, row_mask, col0, N, row_scale, col_scale_ptr, stride_col_scale,
+                COL_SCALE_DIV: tl.constexpr, SCALED: tl.constexpr, ACCUMULATE: tl.constexpr, SLICES: tl.constexpr):
+    """Store an output tile whose columns start at col0: `c_rows` points at each of its rows' first element of C.
+    SCALED: times row_scale (per row) and the column scales at col_scale_ptr (column j's at
+    (j // COL_SCALE_DIV) * stride_col_scale); ACCUMULATE: C's values added (fp32 sums). SLICES (1, 2 or 4): column
+    slices stored one after the other, so C's tile and its addresses take a slice's registers beside the
+    accumulator (whole, an accumulating 128x256 tile spills 376-924 bytes a thread under Triton 3.6)."""
+    if SLICES == 1:
+        _store_columns(acc, c_rows, row_mask, col0, N, row_scale, col_scale_ptr, stride_col_scale,
+                       COL_SCALE_DIV, SCALED, ACCUMULATE)
+    else:
+        left, right = _column_halves(acc)
+        _store_tile(left, c_rows, row_mask, col0, N, row_scale, col_scale_ptr, stride_col_scale,
+                    COL_SCALE_DIV, SCALED, ACCUMULATE, SLICES // 2)
+        _store_tile(right, c_rows, row_mask, col0 + acc.shape[1] // 2, N, row_scale, col_scale_ptr,
+                    stride_col_scale, COL_SCALE_DIV, SCALED, ACCUMULATE, SLICES // 2)
+
+
+@triton.jit
+def _column_halves(tile):
+    return tl.split(tl.permute(tl.reshape(tile, (tile.shape[0], 2, tile.shape[1] // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_columns(acc, c_rows, row_mask, col0, N, row_scale, col_scale_ptr, stride_col_scale,
+                   COL_SCALE_DIV: tl.constexpr, SCALED: tl.constexpr, ACCUMULATE: tl.constexpr):
+    """_store_tile's work on one slice: columns [col0, col0 + acc's width)."""
+    cols = col0 + tl.arange(0, acc.shape[1])
+    col_mask = cols < N
+    if SCALED:
+        col_scale = tl.load(col_scale_ptr + (cols // COL_SCALE_DIV) * stride_col_scale, mask=col_mask, other=0.0)
+        acc = acc * row_scale[:, None] * col_scale[None, :]
+    c_ptrs = c_rows + cols[None, :]
+    mask = row_mask[:, None] & col_mask[None, :]
     if ACCUMULATE:
-        acc += tl.load(c_ptrs, mask=p_mask[:, None] & q_mask[None, :], other=0.0).to(tl.float32)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=p_mask[:, None] & q_mask[None, :])
+        acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=mask)
+
+
+def epilogue_slices(accumulate: bool) -> int:
+    """Column slices of a grouped kernel's epilogue (see _store_tile): two where it adds into C. H100, adding into
+    a bf16 main_grad, against one slice: FP8 var-K wgrads 1.028-1.060x (128x256 and 4-warp 128x128 tiles; four
+    slices 0.89-0.98x), into an fp32 one 1.445x, the dense wgrad on the M-grouped kernel 1.066-1.070x; writing
+    a fresh gradient 0.995-1.001x, so one slice there (docs/performance.md, "The accumulating epilogue's
+    spills")."""
+    return 2 if accumulate else 1
 
 
 def grouped_mm(
@@ -213,7 +255,8 @@ def grouped_mm(
         *s.a_strides, *s.b_strides,
         TMA=tma, B_K_MAJOR=bool(b_k_major), SB_OUT_DIV=s.b_out_div, SCALE=mode,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        NUM_PROGRAMS=programs, ACCUMULATE=accumulate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NUM_PROGRAMS=programs, ACCUMULATE=accumulate, EPILOGUE_SLICES=epilogue_slices(accumulate),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
@@ -264,6 +307,7 @@ def grouped_mm_vark(
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1),
         *s.x_strides, *s.y_strides,
         SCALE=mode, PADDED=padded, TMA=tma, ACCUMULATE=accumulate,
+        EPILOGUE_SLICES=epilogue_slices(accumulate),
         BLOCK_P=cfg.BLOCK_M, BLOCK_Q=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_P=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
