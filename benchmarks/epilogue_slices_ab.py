@@ -1,0 +1,140 @@
+"""A/B of the grouped kernels' epilogue in 1, 2 or 4 column slices (kernels/grouped_gemm/kernel.py's
+`epilogue_slices`, set per call), in interleaved rounds of shuffled order, each variant's output checked against
+one slice's (equal but for fp32 contraction: within 1% of the largest value).
+
+    python benchmarks/epilogue_slices_ab.py kernels   # the FP8 wgrads alone: fresh and adding into a main_grad
+    python benchmarks/epilogue_slices_ab.py layer     # the FP8 MoE layer's microbatch (8 a step), 2 slices vs 1
+                                                      # where it accumulates, next to our bf16 layer
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import kernels  # noqa: F401
+import kernels.grouped_gemm.kernel as gk
+from harness.shapes import split_tokens
+from harness.timing import Timer
+from kernels.common.fp8 import Granularity, RowGroups, quantize_both
+from kernels.gemm_fp8.kernel import fp8_token_reduction
+from kernels.grouped_gemm import group_offsets
+from kernels.grouped_gemm_fp8.kernel import vark_fp8
+
+PART = sys.argv[1] if len(sys.argv) > 1 else "all"
+if PART not in ("all", "kernels", "layer"):
+    sys.exit(f"epilogue_slices_ab.py: the part is kernels, layer or all, got {PART!r}")
+E4M3 = torch.float8_e4m3fn
+timer = Timer(torch.device("cuda"), repeats=10, warmup=3)
+
+
+def sliced(n, fn, fresh=None):
+    """fn with n slices where the epilogue accumulates, `fresh` (default n) where not."""
+    fresh = n if fresh is None else fresh
+    def call():
+        gk.epilogue_slices = lambda accumulate: n if accumulate else fresh
+        fn()
+    return call
+
+
+def check_close(label, got, want, n, acc):
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item()
+    assert err <= 1e-2 * scale, (label, n, acc, err, scale)
+
+
+def report(label, timed, flops):
+    med = {k: v.medians() for k, v in timed.items()}
+    for mode in ("+=", "fresh"):
+        base = med[f"{mode} 1"]
+        for n in (2, 4):
+            r = [b / x for b, x in zip(base, med[f"{mode} {n}"], strict=True)]
+            print(f"{label:34s} {mode:5s} slices {n} vs 1: {statistics.median(r):.3f}x [{min(r):.3f}, {max(r):.3f}]  "
+                  f"({flops / statistics.median(med[f'{mode} {n}']) / 1e9:.0f} vs "
+                  f"{flops / statistics.median(base) / 1e9:.0f} TFLOPS)", flush=True)
+
+
+def vark_case(label, lens, N, K, main_dtype=torch.bfloat16):
+    M = sum(lens)
+    g = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    offs = group_offsets(torch.tensor(lens, device="cuda"))
+    groups = RowGroups.tokens(offs)
+    qg = quantize_both(g, E4M3, Granularity.ROWWISE, groups, rows=False)
+    qa = quantize_both(a, E4M3, Granularity.ROWWISE, groups, rows=False)
+    del g, a
+    outs = {}
+    calls = {}
+    for n in (1, 2, 4):
+        for acc in (True, False):
+            out = torch.full((len(lens), N, K), 0.5, device="cuda", dtype=main_dtype)
+            outs[(n, acc)] = out
+            calls[f"{'+=' if acc else 'fresh'} {n}"] = sliced(n, lambda o=out, ac=acc: vark_fp8(
+                qg.cols_t, qa.cols_t, qg.padded_offs, M, Granularity.ROWWISE, o, accumulate=ac))
+    # correctness: each variant once from the same start
+    for (n, acc), out in outs.items():
+        out.fill_(0.5)
+        calls[f"{'+=' if acc else 'fresh'} {n}"]()
+    for (n, acc), out in outs.items():
+        check_close(label, out, outs[(1, acc)], n, acc)
+    timed = timer.time_interleaved(calls, 7, 10, 0)
+    report(label, timed, 2.0 * M * N * K)
+    gk.epilogue_slices = NEW
+
+
+def dense_case(label, M, N, K, main_dtype=torch.bfloat16):
+    g = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    groups = RowGroups.tokens(torch.tensor([0, M], device="cuda"))
+    qg = quantize_both(g, E4M3, Granularity.ROWWISE, groups, rows=False).cols_t
+    qa = quantize_both(a, E4M3, Granularity.ROWWISE, groups, rows=False).cols_t
+    del g, a
+    outs, calls = {}, {}
+    for n in (1, 2, 4):
+        for acc in (True, False):
+            out = torch.full((N, K), 0.5, device="cuda", dtype=main_dtype)
+            outs[(n, acc)] = out
+            calls[f"{'+=' if acc else 'fresh'} {n}"] = sliced(n, lambda o=out, ac=acc: fp8_token_reduction(
+                qg, qa, Granularity.ROWWISE, o, accumulate=ac))
+    for (n, acc), out in outs.items():
+        out.fill_(0.5)
+        calls[f"{'+=' if acc else 'fresh'} {n}"]()
+    for (n, acc), out in outs.items():
+        check_close(label, out, outs[(1, acc)], n, acc)
+    timed = timer.time_interleaved(calls, 7, 10, 0)
+    report(label, timed, 2.0 * M * N * K)
+    gk.epilogue_slices = NEW
+
+
+NEW = gk.epilogue_slices
+if PART in ("all", "kernels"):
+    sonic = split_tokens(262144, 128, "topk", 0)
+    vark_case("sonicmoe gateup 128 x 2048 topk", sonic, 1024, 4096)
+    vark_case("sonicmoe down 128 x 2048 topk", sonic, 4096, 512)
+    vark_case("dsv3 gateup 32 x 1024 topk", split_tokens(32768, 32, "topk", 1), 4096, 7168)
+    vark_case("dsv3 down 8 x 4096 hot", split_tokens(32768, 8, "hot", 0), 7168, 2048)
+    vark_case("qwen3 gateup 16 x 2048 topk", split_tokens(32768, 16, "topk", 2), 3072, 4096)
+    vark_case("qwen3 down 16 x 2048 fp32 main_grad", split_tokens(32768, 16, "topk", 2), 4096, 1536, torch.float32)
+    dense_case("llama3-8b gate_up t8192 (dense wgrad)", 8192, 28672, 4096)
+    dense_case("llama3-70b down t8192 (dense wgrad)", 8192, 8192, 28672)
+    torch.cuda.empty_cache()
+
+if PART in ("all", "layer"):
+    from moe_layer import LAYERS, layer_impls
+    for spec in LAYERS:
+        impls, clear = layer_impls(spec, 8)
+        by = {i.name: i for i in impls}
+        calls = {"bf16": by["ours bf16"].step, "fp8 sliced": sliced(2, by["ours fp8"].step, fresh=1),
+                 "fp8 whole": sliced(1, by["ours fp8"].step)}
+        timed = timer.time_interleaved(calls, 7, 3, 0)
+        med = {k: v.medians() for k, v in timed.items()}
+        for name in ("fp8 sliced", "fp8 whole"):
+            r = [b / f for b, f in zip(med["bf16"], med[name], strict=True)]
+            print(f"{spec.label:24s} {name:11s} {statistics.median(med[name]) / 8:.3f} ms/microbatch "
+                  f"vs bf16 {statistics.median(r):.3f}x [{min(r):.3f}, {max(r):.3f}]", flush=True)
+        r = [o / n for o, n in zip(med["fp8 whole"], med["fp8 sliced"], strict=True)]
+        print(f"{spec.label:24s} sliced / whole: {statistics.median(r):.3f}x [{min(r):.3f}, {max(r):.3f}]", flush=True)
+        gk.epilogue_slices = NEW
+        del impls, by, calls
+        torch.cuda.empty_cache()
