@@ -55,51 +55,28 @@ def report(label, timed, flops):
                   f"{flops / statistics.median(base) / 1e9:.0f} TFLOPS)", flush=True)
 
 
-def vark_case(label, lens, N, K, main_dtype=torch.bfloat16):
+def wgrad_case(label, lens, N, K, main_dtype=torch.bfloat16, dense=False):
+    """The FP8 rowwise wgrad of `lens` token groups (dense: one group, as gemm_fp8's wgrad runs it) into a
+    [G, N, K] (dense: [N, K]) gradient, fresh and adding into it, under 1, 2 and 4 slices."""
     M = sum(lens)
-    g = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     offs = group_offsets(torch.tensor(lens, device="cuda"))
     groups = RowGroups.tokens(offs)
-    qg = quantize_both(g, E4M3, Granularity.ROWWISE, groups, rows=False)
-    qa = quantize_both(a, E4M3, Granularity.ROWWISE, groups, rows=False)
-    del g, a
-    outs = {}
-    calls = {}
-    for n in (1, 2, 4):
-        for acc in (True, False):
-            out = torch.full((len(lens), N, K), 0.5, device="cuda", dtype=main_dtype)
-            outs[(n, acc)] = out
-            calls[f"{'+=' if acc else 'fresh'} {n}"] = sliced(n, lambda o=out, ac=acc: vark_fp8(
-                qg.cols_t, qa.cols_t, qg.padded_offs, M, Granularity.ROWWISE, o, accumulate=ac))
-    # correctness: each variant once from the same start
-    for (n, acc), out in outs.items():
-        out.fill_(0.5)
-        calls[f"{'+=' if acc else 'fresh'} {n}"]()
-    for (n, acc), out in outs.items():
-        check_close(label, out, outs[(1, acc)], n, acc)
-    timed = timer.time_interleaved(calls, 7, 10, 0)
-    report(label, timed, 2.0 * M * N * K)
-    gk.epilogue_slices = NEW
+    qg, qa = (quantize_both(torch.randn(M, width, device="cuda", dtype=torch.bfloat16), E4M3, Granularity.ROWWISE,
+                            groups, rows=False) for width in (N, K))
 
+    def wgrad(out, accumulate):
+        if dense:
+            fp8_token_reduction(qg.cols_t, qa.cols_t, Granularity.ROWWISE, out, accumulate=accumulate)
+        else:
+            vark_fp8(qg.cols_t, qa.cols_t, qg.padded_offs, M, Granularity.ROWWISE, out, accumulate=accumulate)
 
-def dense_case(label, M, N, K, main_dtype=torch.bfloat16):
-    g = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    groups = RowGroups.tokens(torch.tensor([0, M], device="cuda"))
-    qg = quantize_both(g, E4M3, Granularity.ROWWISE, groups, rows=False).cols_t
-    qa = quantize_both(a, E4M3, Granularity.ROWWISE, groups, rows=False).cols_t
-    del g, a
-    outs, calls = {}, {}
-    for n in (1, 2, 4):
-        for acc in (True, False):
-            out = torch.full((N, K), 0.5, device="cuda", dtype=main_dtype)
-            outs[(n, acc)] = out
-            calls[f"{'+=' if acc else 'fresh'} {n}"] = sliced(n, lambda o=out, ac=acc: fp8_token_reduction(
-                qg, qa, Granularity.ROWWISE, o, accumulate=ac))
-    for (n, acc), out in outs.items():
-        out.fill_(0.5)
-        calls[f"{'+=' if acc else 'fresh'} {n}"]()
+    shape = (N, K) if dense else (len(lens), N, K)
+    outs = {(n, acc): torch.full(shape, 0.5, device="cuda", dtype=main_dtype)
+            for n in (1, 2, 4) for acc in (True, False)}
+    calls = {f"{'+=' if acc else 'fresh'} {n}": sliced(n, lambda o=out, ac=acc: wgrad(o, ac))
+             for (n, acc), out in outs.items()}
+    for call in calls.values():  # each variant once from the same start, then against one slice's
+        call()
     for (n, acc), out in outs.items():
         check_close(label, out, outs[(1, acc)], n, acc)
     timed = timer.time_interleaved(calls, 7, 10, 0)
@@ -110,14 +87,14 @@ def dense_case(label, M, N, K, main_dtype=torch.bfloat16):
 NEW = gk.epilogue_slices
 if PART in ("all", "kernels"):
     sonic = split_tokens(262144, 128, "topk", 0)
-    vark_case("sonicmoe gateup 128 x 2048 topk", sonic, 1024, 4096)
-    vark_case("sonicmoe down 128 x 2048 topk", sonic, 4096, 512)
-    vark_case("dsv3 gateup 32 x 1024 topk", split_tokens(32768, 32, "topk", 1), 4096, 7168)
-    vark_case("dsv3 down 8 x 4096 hot", split_tokens(32768, 8, "hot", 0), 7168, 2048)
-    vark_case("qwen3 gateup 16 x 2048 topk", split_tokens(32768, 16, "topk", 2), 3072, 4096)
-    vark_case("qwen3 down 16 x 2048 fp32 main_grad", split_tokens(32768, 16, "topk", 2), 4096, 1536, torch.float32)
-    dense_case("llama3-8b gate_up t8192 (dense wgrad)", 8192, 28672, 4096)
-    dense_case("llama3-70b down t8192 (dense wgrad)", 8192, 8192, 28672)
+    wgrad_case("sonicmoe gateup 128 x 2048 topk", sonic, 1024, 4096)
+    wgrad_case("sonicmoe down 128 x 2048 topk", sonic, 4096, 512)
+    wgrad_case("dsv3 gateup 32 x 1024 topk", split_tokens(32768, 32, "topk", 1), 4096, 7168)
+    wgrad_case("dsv3 down 8 x 4096 hot", split_tokens(32768, 8, "hot", 0), 7168, 2048)
+    wgrad_case("qwen3 gateup 16 x 2048 topk", split_tokens(32768, 16, "topk", 2), 3072, 4096)
+    wgrad_case("qwen3 down 16 x 2048 fp32 main_grad", split_tokens(32768, 16, "topk", 2), 4096, 1536, torch.float32)
+    wgrad_case("llama3-8b gate_up t8192 (dense wgrad)", [8192], 28672, 4096, dense=True)
+    wgrad_case("llama3-70b down t8192 (dense wgrad)", [8192], 8192, 28672, dense=True)
     torch.cuda.empty_cache()
 
 if PART in ("all", "layer"):
