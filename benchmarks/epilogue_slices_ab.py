@@ -2,9 +2,9 @@
 `epilogue_slices`, set per call), in interleaved rounds of shuffled order, each variant's output checked against
 one slice's (equal but for fp32 contraction: within 1% of the largest value).
 
-    python benchmarks/epilogue_slices_ab.py kernels   # the FP8 wgrads alone: fresh and adding into a main_grad
-    python benchmarks/epilogue_slices_ab.py layer     # the FP8 MoE layer's microbatch (8 a step), 2 slices vs 1
-                                                      # where it accumulates, next to our bf16 layer
+    python benchmarks/epilogue_slices_ab.py   # the FP8 wgrads alone: fresh and adding into a main_grad
+
+The MoE layer's A/B of the same switch: benchmarks/moe_layer_ab.py epilogue-slices.
 """
 import statistics
 import sys
@@ -22,18 +22,14 @@ from kernels.gemm_fp8.kernel import fp8_token_reduction
 from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm_fp8.kernel import vark_fp8
 
-PART = sys.argv[1] if len(sys.argv) > 1 else "all"
-if PART not in ("all", "kernels", "layer"):
-    sys.exit(f"epilogue_slices_ab.py: the part is kernels, layer or all, got {PART!r}")
 E4M3 = torch.float8_e4m3fn
 timer = Timer(torch.device("cuda"), repeats=10, warmup=3)
 
 
-def sliced(n, fn, fresh=None):
-    """fn with n slices where the epilogue accumulates, `fresh` (default n) where not."""
-    fresh = n if fresh is None else fresh
+def sliced(n, fn):
+    """fn with every epilogue in n slices."""
     def call():
-        gk.epilogue_slices = lambda accumulate: n if accumulate else fresh
+        gk.epilogue_slices = lambda accumulate: n
         fn()
     return call
 
@@ -84,8 +80,9 @@ def wgrad_case(label, lens, N, K, main_dtype=torch.bfloat16, dense=False):
     gk.epilogue_slices = NEW
 
 
-NEW = gk.epilogue_slices
-if PART in ("all", "kernels"):
+NEW = gk.epilogue_slices  # HEAD's rule, restored after each case
+
+if __name__ == "__main__":
     sonic = split_tokens(262144, 128, "topk", 0)
     wgrad_case("sonicmoe gateup 128 x 2048 topk", sonic, 1024, 4096)
     wgrad_case("sonicmoe down 128 x 2048 topk", sonic, 4096, 512)
@@ -96,22 +93,3 @@ if PART in ("all", "kernels"):
     wgrad_case("llama3-8b gate_up t8192 (dense wgrad)", [8192], 28672, 4096, dense=True)
     wgrad_case("llama3-70b down t8192 (dense wgrad)", [8192], 8192, 28672, dense=True)
     torch.cuda.empty_cache()
-
-if PART in ("all", "layer"):
-    from moe_layer import LAYERS, layer_impls
-    for spec in LAYERS:
-        impls, clear = layer_impls(spec, 8)
-        by = {i.name: i for i in impls}
-        calls = {"bf16": by["ours bf16"].step, "fp8 sliced": sliced(2, by["ours fp8"].step, fresh=1),
-                 "fp8 whole": sliced(1, by["ours fp8"].step)}
-        timed = timer.time_interleaved(calls, 7, 3, 0)
-        med = {k: v.medians() for k, v in timed.items()}
-        for name in ("fp8 sliced", "fp8 whole"):
-            r = [b / f for b, f in zip(med["bf16"], med[name], strict=True)]
-            print(f"{spec.label:24s} {name:11s} {statistics.median(med[name]) / 8:.3f} ms/microbatch "
-                  f"vs bf16 {statistics.median(r):.3f}x [{min(r):.3f}, {max(r):.3f}]", flush=True)
-        r = [o / n for o, n in zip(med["fp8 whole"], med["fp8 sliced"], strict=True)]
-        print(f"{spec.label:24s} sliced / whole: {statistics.median(r):.3f}x [{min(r):.3f}, {max(r):.3f}]", flush=True)
-        gk.epilogue_slices = NEW
-        del impls, by, calls
-        torch.cuda.empty_cache()

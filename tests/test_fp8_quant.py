@@ -180,6 +180,30 @@ def test_quantize_both_through_a_row_source_equals_quantizing_the_gathered_copy(
                               quantized[first:first + size]) > 25
 
 
+@pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.BLOCKWISE], ids=lambda g: g.value)
+def test_a_row_sources_unweighted_rows_leave_the_weight_to_the_transposed_layout(granularity):
+    """weighted_rows=False: the rows layout is that of the rows read without their weight (quantized from the
+    unweighted copy), the transposed layout that of the weighted rows (as weighted_rows=True writes it), with
+    signed, zero and skewed weights; tensorwise, where both layouts share one scale, is refused."""
+    device = default_device()
+    T, C, R = 23, 272, 150
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(T, C, generator=g).half().to(device)
+    rows = torch.randint(-1, T, (R,), generator=g, dtype=torch.int32).to(device)
+    weight = (torch.randn(R, generator=g) * torch.rand(R, generator=g) ** 4).to(device)
+    weight[::7] = 0.0
+    groups = RowGroups.tokens(group_offsets(torch.tensor([0, 131, 0, 2, 17], dtype=torch.int64, device=device)))
+    unweighted = quantize_both(x, E4M3, granularity, groups, source=RowSource(rows))
+    weighted = quantize_both(x, E4M3, granularity, groups, source=RowSource(rows, weight))
+    got = quantize_both(x, E4M3, granularity, groups, source=RowSource(rows, weight, weighted_rows=False))
+    for g_t, w_t in zip(got.rows, unweighted.rows, strict=True):
+        assert torch.equal(g_t.float(), w_t.float())
+    for g_t, w_t in zip(got.cols_t, weighted.cols_t, strict=True):
+        assert torch.equal(g_t.float(), w_t.float())
+    with pytest.raises(ValueError, match="unweighted rows need rowwise or blockwise"):
+        quantize_both(x, E4M3, Granularity.TENSORWISE, groups, source=RowSource(rows, weight, weighted_rows=False))
+
+
 def test_quantize_both_refuses_a_row_source_of_the_wrong_kind():
     x = torch.randn(4, 128, device=default_device()).half()
     groups = RowGroups.equal(1, 8)

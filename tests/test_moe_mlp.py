@@ -13,6 +13,7 @@ from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_bo
 from kernels.grouped_gemm import group_offsets
 from kernels.grouped_gemm_fp8 import prequantize_weight
 from kernels.moe import ExpertWeightsFp8, MoEMLP, RouterConfig, moe_experts, swiglu, swiglu_down_fp8
+from kernels.moe.experts import weighted_swiglu_backward
 from kernels.moe.reference import loop_experts, torch_moe_experts, torch_moe_mlp
 from tests.graph_replay import replay_and_eager
 
@@ -166,6 +167,30 @@ def test_swiglu_forward_and_backward(device, half_dtype):
     ref.backward(grad.double())
     floor = snr_threshold(dtype_name(half_dtype))
     assert snr_db(out, ref) >= floor and snr_db(h.grad, h64.grad) >= floor
+
+
+def test_weighted_swiglu_backward_gives_the_weights_gradient_from_what_it_reads(device, half_dtype):
+    """weighted_swiglu_backward against float64 autograd of out[r] = weight[r] * swiglu(h[r]): h's gradient, and
+    each row's weight gradient at 1 + r (0 at index 0, for pairs without a row); a row no pair fills
+    (source -1, its weight unset: NaN here) gets a zero gradient and a zero dot; widths past one column block."""
+    R, I = 37, 1100
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(R, 2 * I, generator=g).to(device, half_dtype)
+    grad_out = torch.randn(R, I, generator=g).to(device, half_dtype)
+    weight = torch.rand(R, generator=g).to(device)
+    sources = torch.arange(R, dtype=torch.int32, device=device)
+    sources[[3, 20]] = -1
+    weight[[3, 20]] = float("nan")
+    grad_h, dots = weighted_swiglu_backward(h, grad_out, weight, sources)
+    filled = (sources >= 0).to(device)
+    h64 = h.double().requires_grad_()
+    w64 = torch.where(filled, weight, 0.0).double().requires_grad_()
+    out = w64[:, None] * torch.nn.functional.silu(h64[:, :I]) * h64[:, I:]
+    out.backward(grad_out.double())
+    assert snr_db(grad_h, h64.grad) > 40
+    assert not grad_h[~filled].any()
+    assert dots[0] == 0 and not dots[1:][~filled].any()
+    assert snr_db(dots[1:][filled], w64.grad[filled]) > 40
 
 
 @pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.BLOCKWISE])

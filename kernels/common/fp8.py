@@ -286,7 +286,7 @@ def _quantize_both_kernel(
     MODE: tl.constexpr,  # 0 tensorwise, 1 rowwise (amax from _amax_both_kernel), 2 blockwise (scales here)
     ROWS: tl.constexpr, TENSOR_PER_GROUP: tl.constexpr, EQUAL_GROUPS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
-    SOURCE_AMAX: tl.constexpr = False,
+    SOURCE_AMAX: tl.constexpr = False, UNWEIGHTED_ROWS: tl.constexpr = False,
 ):
     """One read of a [BLOCK_T, BLOCK_C] tile of x (GLU: of silu(gate) * up; GATHER, WEIGHTED: of rows read
     through an index and scaled; see _load_tile), one or two fp8 layouts written from it:
@@ -299,6 +299,7 @@ def _quantize_both_kernel(
 
     SOURCE_AMAX (rowwise, GATHER): the amaxes are those of x's own rows (row_amax, one a token) and columns
     (group_amax: one a column over all tokens, then the largest |weight|); see quantize_both.
+    UNWEIGHTED_ROWS (WEIGHTED, rowwise or blockwise): the weight scales q^T only, q holds the rows as read.
     """
     tb, cb = _tile_of_program(tl.cdiv(C, BLOCK_C))
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -306,14 +307,13 @@ def _quantize_both_kernel(
     rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS,
                                      BLOCK_T)
     last = tl.minimum(g, G - 1)
-    x = _load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weight_ptr, GLU, GATHER, WEIGHTED)
+    weighted_rows: tl.constexpr = WEIGHTED and not UNWEIGHTED_ROWS
+    x = _load_tile(x_ptr, rows, row_mask, cols, col_mask, stride_x, C, src_ptr, weight_ptr, GLU, GATHER,
+                   weighted_rows)
     if MODE == 2:  # BLOCK_C == BLOCK_T == 128: the tile is one 1x128 block per row, one 128x1 per column
         row_scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
-        col_scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
         if ROWS:
             tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + cb, row_scale, mask=row_mask)
-        if tb < TOKEN_BLOCKS:  # [capacity / 128, C]: a token block's scales are contiguous, as the wgrad reads them
-            tl.store(scale_t_ptr + tb * C + cols, col_scale, mask=col_mask)
     elif MODE == 1:
         if SOURCE_AMAX:
             # A row's amax is its token's times |weight| (exactly: rounding keeps the order), and the column's
@@ -321,7 +321,7 @@ def _quantize_both_kernel(
             if ROWS:  # (without, row_amax_ptr holds no token's amax)
                 src = tl.load(src_ptr + rows, mask=row_mask, other=-1)
                 row_amax = tl.load(row_amax_ptr + src, mask=row_mask & (src >= 0), other=0.0)
-                if WEIGHTED:
+                if weighted_rows:
                     row_amax *= tl.abs(tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32))
                 row_scale = tl.maximum(row_amax, EPS) / FP8_MAX
             col_amax = tl.load(group_amax_ptr + cols, mask=col_mask, other=0.0)
@@ -355,6 +355,12 @@ def _quantize_both_kernel(
         q = to_fp8_range(x * (1.0 / row_scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q.to(q_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])
+    if UNWEIGHTED_ROWS:  # the transposed layout's rows are weighted
+        x = x * tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    if MODE == 2:
+        col_scale = tl.maximum(tl.max(tl.abs(x), axis=0), EPS) / FP8_MAX
+        if tb < TOKEN_BLOCKS:  # [capacity / 128, C]: a token block's scales are contiguous, as the wgrad reads them
+            tl.store(scale_t_ptr + tb * C + cols, col_scale, mask=col_mask)
     qt = tl.trans(to_fp8_range(x * (1.0 / col_scale)[None, :], FP8_MAX, MANTISSA, MIN_EXP, EMULATE))
     dest = tl.multiple_of(tb * BLOCK_T, BLOCK_T) + tl.arange(0, BLOCK_T)
     # Programs past the layout (tb >= TOKEN_BLOCKS) only write scales.
@@ -480,10 +486,14 @@ class RowSource:
     """Rows of x read through an index: row r of the tensor quantized is weight[r] * x[rows[r]], zeros
     where rows[r] < 0, so that a permuted copy of x (an MoE layer's tokens sorted by expert; the
     combine's gradient, each copy scaled by its probability) is quantized without ever being written.
-    rows: int32 [R] on x's device; weight: [R] (any float dtype) or None for 1."""
+    rows: int32 [R] on x's device; weight: [R] (any float dtype) or None for 1. `weighted_rows=False`
+    (rowwise or blockwise): the weight goes into the transposed layout only, the rows layout holding
+    x[rows[r]] itself, for a GEMM over the rows whose caller applies the weight to its output rows (an
+    MoE layer's Down dgrad, whose unweighted rows also give the probabilities' gradient)."""
 
     rows: torch.Tensor
     weight: torch.Tensor | None = None
+    weighted_rows: bool = True
 
 
 @dataclass(frozen=True)
@@ -557,6 +567,9 @@ def quantize_both(
         raise ValueError(f"quantize_both: x must be 2-D with contiguous rows, got {tuple(x.shape)} {x.stride()}")
     if glu and x.shape[1] % 2:
         raise ValueError(f"quantize_both: a SwiGLU input must have an even number of columns, got {x.shape[1]}")
+    if source is not None and not source.weighted_rows and granularity == Granularity.TENSORWISE:
+        raise ValueError("quantize_both: a RowSource's unweighted rows need rowwise or blockwise scales (tensorwise "
+                         "shares one scale between both layouts)")
     if source is not None and (source.rows.dtype != torch.int32 or source.rows.ndim != 1 or (
             source.weight is not None and source.weight.shape != source.rows.shape)):
         raise ValueError("quantize_both: a RowSource holds int32 rows [R] and weights [R] or None, got "
@@ -601,6 +614,7 @@ def quantize_both(
         scale = scale_t = torch.empty(scale_groups, dtype=torch.float32, device=device)
         mode = 0
     src, weight = (source.rows, source.weight) if source is not None else (None, None)
+    unweighted_rows = rows and weight is not None and not source.weighted_rows
     common = dict(src_ptr=x if src is None else src, weight_ptr=x if weight is None else weight, G=G, R=R, C=C,
                   stride_x=x.stride(0), GROUP_ROWS=groups.size, EQUAL_GROUPS=equal, GLU=glu,
                   GATHER=src is not None, WEIGHTED=weight is not None)
@@ -636,7 +650,7 @@ def quantize_both(
             offs, padded_ptr, block_groups_ptr, **common, stride_q=C, stride_qt=capacity,
             TOKEN_BLOCKS=token_blocks, SCALE_GROUPS=scale_groups, **_format_args(fp8_dtype), EPS=AMAX_EPS,
             MODE=mode, ROWS=rows, TENSOR_PER_GROUP=int(tensor_per_group), BLOCK_T=BLOCK, BLOCK_C=BLOCK,
-            SOURCE_AMAX=source_amax,
+            SOURCE_AMAX=source_amax, UNWEIGHTED_ROWS=unweighted_rows,
             # 4 warps measured up to 15% faster than 8 (H100, 2026-11-23), except on a SwiGLU input
             # (1.18x with 8, 2026-11-25)
             num_warps=8 if glu else 4,

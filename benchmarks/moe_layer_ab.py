@@ -1,0 +1,62 @@
+"""A/B of the FP8 MoE layer's microbatch (8 a step, weights quantized once, wgrads into main_grads) under a
+switch of its kernels: HEAD's behaviour against the one before, in one process, 7 shuffled rounds of 3, next to
+our bf16 layer (ratios to it, and new / old).
+
+    python benchmarks/moe_layer_ab.py epilogue-slices   # the wgrads' accumulating epilogue in 2 column slices, or 1
+    python benchmarks/moe_layer_ab.py probs-from-rows   # probs' gradient from the dgrad's unweighted rows, or from y
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from moe_layer import LAYERS, layer_impls
+
+import kernels  # noqa: F401
+import kernels.grouped_gemm.kernel as grouped_kernel
+import kernels.moe.experts as experts
+from harness.timing import Timer
+
+# switch: (module, attribute, the behaviour before)
+SWITCHES = {
+    "epilogue-slices": (grouped_kernel, "epilogue_slices", lambda accumulate: 1),
+    "probs-from-rows": (experts, "probs_grad_from_rows", lambda config: False),
+}
+
+
+def with_switch(module, name, value, fn):
+    def call():
+        setattr(module, name, value)
+        fn()
+    return call
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or sys.argv[1] not in SWITCHES:
+        sys.exit(f"moe_layer_ab.py: name one switch of {', '.join(SWITCHES)}")
+    module, name, before = SWITCHES[sys.argv[1]]
+    head = getattr(module, name)
+    timer = Timer(torch.device("cuda"), repeats=3, warmup=2)
+    for spec in LAYERS:
+        impls, _ = layer_impls(spec, 8)
+        by = {impl.name: impl for impl in impls}
+        calls = {"bf16": by["ours bf16"].step, "fp8 new": with_switch(module, name, head, by["ours fp8"].step),
+                 "fp8 old": with_switch(module, name, before, by["ours fp8"].step)}
+        timed = timer.time_interleaved(calls, 7, 3, 0)
+        setattr(module, name, head)
+        medians = {key: rounds.medians() for key, rounds in timed.items()}
+        for variant in ("fp8 new", "fp8 old"):
+            ratios = [b / f for b, f in zip(medians["bf16"], medians[variant], strict=True)]
+            print(f"{spec.label:24s} {variant} {statistics.median(medians[variant]) / 8:.3f} ms/microbatch vs bf16 "
+                  f"{statistics.median(ratios):.3f}x [{min(ratios):.3f}, {max(ratios):.3f}]", flush=True)
+        ratios = [o / n for o, n in zip(medians["fp8 old"], medians["fp8 new"], strict=True)]
+        print(f"{spec.label:24s} new / old: {statistics.median(ratios):.3f}x [{min(ratios):.3f}, {max(ratios):.3f}]",
+              flush=True)
+        del impls, by, calls
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
