@@ -4,8 +4,6 @@ our bf16 layer (ratios to it, and new / old).
 
     python benchmarks/moe_layer_ab.py epilogue-slices   # the wgrads' accumulating epilogue in 2 column slices, or 1
     python benchmarks/moe_layer_ab.py probs-from-rows   # probs' gradient from the dgrad's unweighted rows, or from y
-    python benchmarks/moe_layer_ab.py wgrad-bucket      # accumulating wgrads of 2048-token experts on the small
-                                                        # bucket's tiles, or the large's
 """
 import statistics
 import sys
@@ -18,7 +16,6 @@ from moe_layer import LAYERS, layer_impls
 
 import kernels  # noqa: F401
 import kernels.grouped_gemm.kernel as grouped_kernel
-import kernels.grouped_gemm_fp8.tuning as fp8_tuning
 import kernels.moe.experts as experts
 from harness.timing import Timer
 
@@ -26,7 +23,6 @@ from harness.timing import Timer
 SWITCHES = {
     "epilogue-slices": (grouped_kernel, "epilogue_slices", lambda accumulate: 1),
     "probs-from-rows": (experts, "probs_grad_from_rows", lambda config: False),
-    "wgrad-bucket": (fp8_tuning, "SMALL_ACCUMULATING_WGRAD_TOKENS", fp8_tuning.SMALL_WGRAD_TOKENS),
 }
 
 

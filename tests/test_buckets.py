@@ -36,19 +36,6 @@ def test_the_wgrad_bucket_follows_its_reduction_length():
     assert fp8_tuning._key("wgrad", 32 * 1024, 32, Granularity.BLOCKWISE) == "wgrad/small/blockwise"
 
 
-def test_an_accumulating_wgrad_keeps_the_small_bucket_up_to_2048_tokens():
-    """Adding into a main_grad, rowwise and tensorwise wgrads of 2048-token groups take the small bucket (two
-    programs an SM), longer ones the large; writing fresh, and blockwise either way, 2048 stays large."""
-    def entry(tokens_per_group, accumulate, granularity=Granularity.ROWWISE):
-        return fp8_tuning._key("wgrad", 32 * tokens_per_group, 32, granularity, accumulate)
-    assert entry(2048, True) == "wgrad/small" and entry(2048, True, Granularity.TENSORWISE) == "wgrad/small"
-    assert entry(2049, True) == "wgrad/large" and entry(3072, True) == "wgrad/large"
-    assert entry(2048, False) == "wgrad/large"
-    assert entry(2048, True, Granularity.BLOCKWISE) == "wgrad/large/blockwise"
-    small = fp8_tuning.config_for("wgrad", 32 * 2048, 32, Granularity.ROWWISE, (4096, 7168), accumulate=True)
-    assert (small.BLOCK_N, small.num_warps) == (128, 4)
-
-
 def layer_speed(cfg, dims) -> float:
     """Wider tiles pay on the gate-up layer; on the down layer (K 1536) BLOCK_N 128 is best and 256 costs 30%."""
     block_n = ({64: 1.0, 128: 1.1, 256: 0.7} if dims["K"] == 1536 else {64: 1.0, 128: 1.2, 256: 2.0})[cfg["BLOCK_N"]]

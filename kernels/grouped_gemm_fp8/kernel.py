@@ -231,7 +231,7 @@ def vark_fp8(
         x=sx, x_strides=vark_scale_strides(sx, granularity), y=sy, y_strides=vark_scale_strides(sy, granularity),
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:], accumulate)
+    cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
     if granularity == Granularity.BLOCKWISE:
         token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
         token_cfg = blockwise_ws.token_reduction_tile(cfg, out)

@@ -69,30 +69,18 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
 # The wgrad reduces over each group's tokens: below this many per group its K loop is short and the
 # small bucket's 4-warp tiles win (see above).
 SMALL_WGRAD_TOKENS = 2048
-# Adding into a main_grad (gradient accumulation), the small bucket's tiles win at 2048 tokens a group too: two
-# programs share an SM, so one's read-modify-write of C runs under the other's mainloop (since the epilogue's
-# column slices, 2 a tile, leave them 222 registers a thread). Rowwise, H100, `grouped_passes.py --sweep rowwise
-# --sweep-pass wgrad`, skewed splits, 2026-11-27: SonicMoE's 128 x 2048 GateUP / Down 1.053 / 1.051x the large
-# bucket's 128x256, DeepSeek-V3's GateUP 32 x 2048 1.011x, Qwen3's 16 x 2048 1.00x; at 3072 tokens the large
-# bucket leads (1.04-1.08x on SonicMoE's), so the accumulating boundary moves just past 2048.
-SMALL_ACCUMULATING_WGRAD_TOKENS = 2049
 
 
-def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularity, accumulate: bool = False) -> str:
-    small = SMALL_GROUP_TOKENS
-    if pass_name == "wgrad":  # (the blockwise token reduction, another kernel, was not measured so)
-        accumulating = accumulate and granularity != Granularity.BLOCKWISE
-        small = SMALL_ACCUMULATING_WGRAD_TOKENS if accumulating else SMALL_WGRAD_TOKENS
+def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularity) -> str:
+    small = SMALL_WGRAD_TOKENS if pass_name == "wgrad" else SMALL_GROUP_TOKENS
     key = bucket(pass_name, total_tokens, groups, small)
     return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
 
 
 def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity,
-               weight_dims: Sequence[int], accumulate: bool = False) -> TileConfig:
-    """The config of a pass over `groups` weights of `weight_dims` (the two dims, either way round); `accumulate`:
-    a rowwise or tensorwise wgrad adding into a main_grad (its small bucket reaches further)."""
-    key = table_entry(TUNED_TABLE, _key(pass_name, total_tokens, groups, granularity, accumulate),
-                      layer_class(*weight_dims))
+               weight_dims: Sequence[int]) -> TileConfig:
+    """The config of a pass over `groups` weights of `weight_dims` (the two dims, either way round)."""
+    key = table_entry(TUNED_TABLE, _key(pass_name, total_tokens, groups, granularity), layer_class(*weight_dims))
     return config_from_table(TUNED_TABLE, TUNABLE_SPACE, key)
 
 
