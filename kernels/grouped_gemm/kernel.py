@@ -126,7 +126,7 @@ def _grouped_mm_vark_kernel(
     K-major operands): both read through tensor descriptors, the copy engine zero-filling past P and
     Q. Grid: (tiles of one [P, Q] output, groups); an empty group's tiles store zeros. ACCUMULATE:
     C[g] += the product instead (gradient accumulation into a main_grad buffer, fp32 sums).
-    EPILOGUE_SLICES (1 or 2): the output tile stored in that many column slices.
+    EPILOGUE_SLICES (1, 2 or 4): the output tile stored in that many column slices (_store_tile).
     """
     g = tl.program_id(1)
     pid_p, pid_q = grouped_tile(tl.program_id(0), tl.cdiv(P, BLOCK_P), tl.cdiv(Q, BLOCK_Q), GROUP_P)
