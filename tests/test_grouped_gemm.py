@@ -264,7 +264,7 @@ GPU_TRITON = os.environ.get("TURBO_OPT_GPU_TRITON")
     ids=["installed", "gpu-triton"])
 def test_the_accumulating_epilogue_in_slices_spills_less(triton_dir):
     """Compiled for sm_90a here (Triton's own ptxas, no GPU): adding into a main_grad, the grouped kernels' epilogue
-    in epilogue_slices(True) column slices spills less than one whole tile (180-956 bytes a thread, both Tritons,
+    in epilogue_slices(True) column slices spills less than one whole tile (176-956 bytes a thread, both Tritons,
     128x256 on 8 warps and 128x128 on 4, the tuned wgrad tiles), and nothing in the grouped wgrad into a bf16
     main_grad (the MoE layer's; 1.018-1.025x its FP8 microbatch on the H100)."""
     slices = epilogue_slices(True)
