@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from passes_report import with_switch
+
 import kernels  # noqa: F401
 import kernels.grouped_gemm.kernel as gk
 from harness.shapes import split_tokens
@@ -24,14 +26,6 @@ from kernels.grouped_gemm_fp8.kernel import vark_fp8
 
 E4M3 = torch.float8_e4m3fn
 timer = Timer(torch.device("cuda"), repeats=10, warmup=3)
-
-
-def sliced(n, fn):
-    """fn with every epilogue in n slices."""
-    def call():
-        gk.epilogue_slices = lambda accumulate: n
-        fn()
-    return call
 
 
 def check_close(label, got, want, n, acc):
@@ -69,7 +63,8 @@ def wgrad_case(label, lens, N, K, main_dtype=torch.bfloat16, dense=False):
     shape = (N, K) if dense else (len(lens), N, K)
     outs = {(n, acc): torch.full(shape, 0.5, device="cuda", dtype=main_dtype)
             for n in (1, 2, 4) for acc in (True, False)}
-    calls = {f"{'+=' if acc else 'fresh'} {n}": sliced(n, lambda o=out, ac=acc: wgrad(o, ac))
+    calls = {f"{'+=' if acc else 'fresh'} {n}": with_switch(gk, "epilogue_slices", lambda accumulate, n=n: n,
+                                                             lambda o=out, ac=acc: wgrad(o, ac))
              for (n, acc), out in outs.items()}
     for call in calls.values():  # each variant once from the same start, then against one slice's
         call()
@@ -92,4 +87,3 @@ if __name__ == "__main__":
     wgrad_case("qwen3 down 16 x 2048 fp32 main_grad", split_tokens(32768, 16, "topk", 2), 4096, 1536, torch.float32)
     wgrad_case("llama3-8b gate_up t8192 (dense wgrad)", [8192], 28672, 4096, dense=True)
     wgrad_case("llama3-70b down t8192 (dense wgrad)", [8192], 8192, 28672, dense=True)
-    torch.cuda.empty_cache()

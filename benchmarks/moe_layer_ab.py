@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from moe_layer import LAYERS, layer_impls
+from passes_report import with_switch
 
 import kernels  # noqa: F401
 import kernels.grouped_gemm.kernel as grouped_kernel
@@ -24,13 +25,6 @@ SWITCHES = {
     "epilogue-slices": (grouped_kernel, "epilogue_slices", lambda accumulate: 1),
     "probs-from-rows": (experts, "probs_grad_from_rows", lambda config: False),
 }
-
-
-def with_switch(module, name, value, fn):
-    def call():
-        setattr(module, name, value)
-        fn()
-    return call
 
 
 def main() -> None:

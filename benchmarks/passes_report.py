@@ -31,6 +31,15 @@ def interleaved_rounds(calls: Mapping[str, Callable[[], object]], timer: Timer, 
     return {name: got.medians() for name, got in timed.items()}
 
 
+def with_switch(module: object, name: str, value: object, fn: Callable[[], object]) -> Callable[[], None]:
+    """fn, called with `module.name` set to `value` first (an A/B of one switch of the kernels, timed in one
+    process: each call sets its own side)."""
+    def call() -> None:
+        setattr(module, name, value)
+        fn()
+    return call
+
+
 def sweep_row(timer: Timer, run: Callable[[], object], label: str, pass_name: str, flops: float) -> dict | None:
     """One sweep row for `run`, or None (printed) if the config does not fit (shared memory, registers)."""
     try:
