@@ -1,9 +1,10 @@
 """A/B of the FP8 MoE layer's microbatch (8 a step, weights quantized once, wgrads into main_grads) under a
 switch of its kernels: HEAD's behaviour against the one before, in one process, 7 shuffled rounds of 3, next to
-our bf16 layer (ratios to it, and new / old).
+our bf16 layer under HEAD's (ratios to it, and new / old).
 
     python benchmarks/moe_layer_ab.py epilogue-slices   # the wgrads' accumulating epilogue in 2 column slices, or 1
     python benchmarks/moe_layer_ab.py probs-from-rows   # probs' gradient from the dgrad's unweighted rows, or from y
+    python benchmarks/moe_layer_ab.py flat-tiles        # the M-grouped kernel's tiles in one flattened loop, or nested
 """
 import statistics
 import sys
@@ -24,6 +25,7 @@ from harness.timing import Timer
 SWITCHES = {
     "epilogue-slices": (grouped_kernel, "epilogue_slices", lambda accumulate: 1),
     "probs-from-rows": (experts, "probs_grad_from_rows", lambda config: False),
+    "flat-tiles": (grouped_kernel, "flat_tiles", lambda operand_bytes, K: False),
 }
 
 
@@ -36,7 +38,8 @@ def main() -> None:
     for spec in LAYERS:
         impls, _ = layer_impls(spec, 8)
         by = {impl.name: impl for impl in impls}
-        calls = {"bf16": by["ours bf16"].step, "fp8 new": with_switch(module, name, head, by["ours fp8"].step),
+        calls = {"bf16": with_switch(module, name, head, by["ours bf16"].step),
+                 "fp8 new": with_switch(module, name, head, by["ours fp8"].step),
                  "fp8 old": with_switch(module, name, before, by["ours fp8"].step)}
         timed = timer.time_interleaved(calls, 7, 3, 0)
         setattr(module, name, head)

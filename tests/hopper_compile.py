@@ -195,7 +195,8 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
 def compile_grouped_epilogue(var_k: bool, block_n: int, num_warps: int, c_type: str, slices: int) -> dict[str, int]:
     """The grouped GEMM kernels (kernels/grouped_gemm/kernel.py) adding an FP8 rowwise product into C (`c_type`,
     a main_grad) as the wgrads launch them, 128 x block_n tiles through TMA, 3 stages, the epilogue in `slices`
-    column slices: the variable-K kernel (the grouped wgrad) or the M-grouped one (the dense wgrad)."""
+    column slices: the variable-K kernel (the grouped wgrad) or the M-grouped one (the dense wgrad: one group,
+    so its tile loop group by group)."""
     fp8 = "*fp8e4nv"
     common = {"SCALE": 1, "TMA": True, "ACCUMULATE": True, "EPILOGUE_SLICES": slices, "BLOCK_K": 128}
     if var_k:
@@ -208,9 +209,10 @@ def compile_grouped_epilogue(var_k: bool, block_n: int, num_warps: int, c_type: 
     else:
         types = {"a_ptr": fp8, "b_ptr": fp8, "a_desc": "tensordesc<fp8e4nv[128, 128]>",
                  "b_desc": f"tensordesc<fp8e4nv[1, {block_n}, 128]>", "c_ptr": c_type, "offs_ptr": "*i64",
-                 "sa_ptr": "*fp32", "sb_ptr": "*fp32"}
+                 "padded_offs_ptr": "*i64", "block_groups_ptr": "*i32", "sa_ptr": "*fp32", "sb_ptr": "*fp32"}
         constants = common | {"B_K_MAJOR": True, "SB_OUT_DIV": 1, "BLOCK_M": 128, "BLOCK_N": block_n, "GROUP_M": 8,
-                              "NUM_PROGRAMS": 132, "stride_bk": 1, "stride_sam": 1, "stride_sbn": 1}
+                              "NUM_PROGRAMS": 132, "FLAT": False, "stride_bk": 1, "stride_sam": 1,
+                              "stride_sbn": 1}
         kernel = _grouped_mm_kernel
     return _ptxas_report(_ptx(kernel, types, constants, num_warps, 3))
 

@@ -498,27 +498,29 @@ class RowSource:
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """Where token groups sit in the transposed layout: `padded_offs` [G+1], the group offsets with every
-    length rounded up to 128; `block_groups` int32, each 128-row block's group (G past the last one)."""
+    """Where token groups sit in a layout of `block`-row blocks (128: the transposed FP8 layout's; a grouped
+    GEMM's row tile): `padded_offs` [G+1], the group offsets with every length rounded up to `block`;
+    `block_groups` int32, each block's group (G past the last one)."""
 
     padded_offs: torch.Tensor
     block_groups: torch.Tensor
+    block: int = BLOCK
 
 
 # Token blocks a program of _token_layout_kernel maps.
 LAYOUT_BLOCKS = 128
 
 
-def token_layout(group_offs: torch.Tensor, blocks: int) -> TokenLayout:
-    """The token layout of groups at `group_offs` [G+1] over `blocks` 128-row blocks, in one launch on the
-    device (no host sync)."""
+def token_layout(group_offs: torch.Tensor, blocks: int, block: int = BLOCK) -> TokenLayout:
+    """The token layout of groups at `group_offs` [G+1] over `blocks` blocks of `block` rows (128: the transposed
+    FP8 layout's; a grouped GEMM's row tile), in one launch on the device (no host sync)."""
     G = group_offs.numel() - 1
     padded = torch.empty_like(group_offs)
     block_groups = torch.empty(blocks, dtype=torch.int32, device=group_offs.device)
     _token_layout_kernel[(max(1, cdiv(blocks, LAYOUT_BLOCKS)),)](
-        group_offs, padded, block_groups, G, blocks, BLOCK_G=triton.next_power_of_2(max(G, 1)), BLOCK_T=BLOCK,
+        group_offs, padded, block_groups, G, blocks, BLOCK_G=triton.next_power_of_2(max(G, 1)), BLOCK_T=block,
         BLOCKS=LAYOUT_BLOCKS)
-    return TokenLayout(padded, block_groups)
+    return TokenLayout(padded, block_groups, block)
 
 
 @dataclass(frozen=True)

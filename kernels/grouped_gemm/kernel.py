@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.common.device import cdiv, persistent_programs
+from kernels.common.fp8 import TokenLayout, token_layout
 from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
@@ -27,7 +28,7 @@ from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
 @fast_launch
 @triton.jit
 def _grouped_mm_kernel(
-    a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, sa_ptr, sb_ptr,
+    a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, padded_offs_ptr, block_groups_ptr, sa_ptr, sb_ptr,
     G, N, K,
     stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
     stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
@@ -39,12 +40,15 @@ def _grouped_mm_kernel(
     NUM_PROGRAMS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SLICES: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
     """C[rows_g] = A[rows_g] @ B_g^T for every group (ACCUMULATE: C += it, summed in fp32); B_g is
     [N, K] through its strides.
 
     Persistent: NUM_PROGRAMS programs walk the tiles of all groups in order, so the tile count
-    (which depends on the group sizes) is never needed on the host; empty groups have no tiles.
+    (which depends on the group sizes) is never needed on the host; empty groups have no tiles. FLAT: in one
+    loop over the row blocks of the groups' token layout (`padded_offs`, `block_groups`: BLOCK_M-row blocks),
+    which Triton fuses with the K loop; else a loop over the groups, each walking its own tiles.
 
     TMA: A and B are read through tensor descriptors. A is one [M, K] descriptor: a tile may run past
     its group's last row into the next group's rows, which only feed output rows the masked store
@@ -53,55 +57,81 @@ def _grouped_mm_kernel(
     """
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    tile = pid
-    tiles_before = 0
-    for g in range(G):
-        start = tl.load(offs_ptr + g)
-        end = tl.load(offs_ptr + g + 1)
-        num_m = tl.cdiv((end - start).to(tl.int32), BLOCK_M)
-        tiles_g = num_m * num_n
-        while tile < tiles_before + tiles_g:
-            pid_m, pid_n = grouped_tile(tile - tiles_before, num_m, num_n, GROUP_M)
-            row0 = start + pid_m * BLOCK_M
-            col0 = pid_n * BLOCK_N
-            rows = row0 + tl.arange(0, BLOCK_M)
-            cols = col0 + tl.arange(0, BLOCK_N)
-            row_mask = rows < end
-            col_mask = cols < N
-            offs_k = tl.arange(0, BLOCK_K)
-            a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
-            # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
-            b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
-            b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(0, tl.cdiv(K, BLOCK_K)):
-                if TMA:
-                    a = a_desc.load([row0.to(tl.int32), kb * BLOCK_K])
-                    if B_K_MAJOR:
-                        b = b_desc.load([g, col0, kb * BLOCK_K]).reshape(BLOCK_N, BLOCK_K).T
-                    else:
-                        b = b_desc.load([g, kb * BLOCK_K, col0]).reshape(BLOCK_K, BLOCK_N)
-                else:
-                    k_mask = offs_k < K - kb * BLOCK_K
-                    a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                    b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
-                    a_ptrs += BLOCK_K
-                    b_ptrs += BLOCK_K * stride_bk
-                if SCALE == 2:  # blockwise: promote each K block's product with its own scales
-                    sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
-                    sb_g = sb_ptr + g * stride_sbg + kb * stride_sbk
-                    if SB_OUT_DIV % BLOCK_N == 0:  # the tile lies in one 128-wide weight block: one scale
-                        acc += tl.dot(a, b) * (sa * tl.load(sb_g + (col0 // SB_OUT_DIV) * stride_sbn))[:, None]
-                    else:
-                        sb = tl.load(sb_g + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
-                        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
-                else:
-                    acc = tl.dot(a, b, acc)
-            sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0) if SCALE == 1 else None
-            _store_tile(acc, c_ptr + rows[:, None] * stride_cm, row_mask, col0, N, sa, sb_ptr + g * stride_sbg,
-                        stride_sbn, SB_OUT_DIV, SCALE == 1, ACCUMULATE, EPILOGUE_SLICES)
-            tile += NUM_PROGRAMS
-        tiles_before += tiles_g
+    if FLAT:
+        # One loop over every group's tiles, the group of each read from the token layout: Triton flattens it
+        # into the K loop, so the next tile's loads are in flight during this tile's epilogue.
+        num_m = (tl.load(padded_offs_ptr + G) // BLOCK_M).to(tl.int32)
+        for tile in tl.range(pid, num_m * num_n, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
+            g = tl.load(block_groups_ptr + pid_m)
+            start = tl.load(offs_ptr + g)
+            row0 = start + pid_m * BLOCK_M - tl.load(padded_offs_ptr + g)
+            _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, row0, tl.load(offs_ptr + g + 1),
+                          pid_n * BLOCK_N, N, K, stride_am, stride_bg, stride_bn, stride_bk, stride_cm, stride_sam,
+                          stride_sak, stride_sbg, stride_sbn, stride_sbk, TMA, B_K_MAJOR, SB_OUT_DIV, SCALE, BLOCK_M,
+                          BLOCK_N, BLOCK_K, ACCUMULATE, EPILOGUE_SLICES)
+    else:
+        tile = pid
+        tiles_before = 0
+        for g in range(G):
+            start = tl.load(offs_ptr + g)
+            end = tl.load(offs_ptr + g + 1)
+            num_m = tl.cdiv((end - start).to(tl.int32), BLOCK_M)
+            tiles_g = num_m * num_n
+            while tile < tiles_before + tiles_g:
+                pid_m, pid_n = grouped_tile(tile - tiles_before, num_m, num_n, GROUP_M)
+                _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, start + pid_m * BLOCK_M, end,
+                              pid_n * BLOCK_N, N, K, stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
+                              stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, TMA, B_K_MAJOR, SB_OUT_DIV,
+                              SCALE, BLOCK_M, BLOCK_N, BLOCK_K, ACCUMULATE, EPILOGUE_SLICES)
+                tile += NUM_PROGRAMS
+            tiles_before += tiles_g
+
+
+@triton.jit
+def _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, row0, end, col0, N, K,
+                  stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
+                  stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                  TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, SB_OUT_DIV: tl.constexpr, SCALE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
+                  EPILOGUE_SLICES: tl.constexpr):
+    """The output tile of group g at rows [row0, row0 + BLOCK_M) (those before `end`) and columns from col0."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    row_mask = rows < end
+    col_mask = cols < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
+    b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
+    b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        if TMA:
+            a = a_desc.load([row0.to(tl.int32), kb * BLOCK_K])
+            if B_K_MAJOR:
+                b = b_desc.load([g, col0, kb * BLOCK_K]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                b = b_desc.load([g, kb * BLOCK_K, col0]).reshape(BLOCK_K, BLOCK_N)
+        else:
+            k_mask = offs_k < K - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K * stride_bk
+        if SCALE == 2:  # blockwise: promote each K block's product with its own scales
+            sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
+            sb_g = sb_ptr + g * stride_sbg + kb * stride_sbk
+            if SB_OUT_DIV % BLOCK_N == 0:  # the tile lies in one 128-wide weight block: one scale
+                acc += tl.dot(a, b) * (sa * tl.load(sb_g + (col0 // SB_OUT_DIV) * stride_sbn))[:, None]
+            else:
+                sb = tl.load(sb_g + (cols // SB_OUT_DIV) * stride_sbn, mask=col_mask, other=0.0)
+                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+        else:
+            acc = tl.dot(a, b, acc)
+    sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0) if SCALE == 1 else None
+    _store_tile(acc, c_ptr + rows[:, None] * stride_cm, row_mask, col0, N, sa, sb_ptr + g * stride_sbg,
+                stride_sbn, SB_OUT_DIV, SCALE == 1, ACCUMULATE, EPILOGUE_SLICES)
 
 
 @fast_launch
@@ -211,6 +241,16 @@ def _store_columns(acc, c_rows, row_mask, col0, N, row_scale, col_scale_ptr, str
     tl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=mask)
 
 
+def flat_tiles(operand_bytes: int, K: int) -> bool:
+    """Whether the M-grouped kernel walks every group's tiles in one loop (each tile's group from a token layout)
+    that Triton flattens into the K loop, so that the next tile's loads are in flight during this tile's
+    epilogue, rather than group by group (more than one group, scales applied after the K loop). H100
+    against the nested loops (benchmarks/flat_tiles_ab.py, MoE forward and dgrad passes): FP8 rowwise
+    1.00-1.31x (SonicMoE's Down forward, K 512: 1.31x; its GateUP dgrad, K 1024: 1.14x); bf16 1.08-1.15x at
+    K <= 1024, 0.96-1.02x above (docs/performance.md, "The grouped kernel's tiles in one flattened loop")."""
+    return operand_bytes == 1 or K <= 1024
+
+
 def epilogue_slices(accumulate: bool) -> int:
     """Column slices of a grouped kernel's epilogue (see _store_tile): two where it adds into C. H100, adding into
     a bf16 main_grad, against one slice: FP8 var-K wgrads 1.028-1.060x (128x256 and 4-warp 128x128 tiles; four
@@ -222,13 +262,15 @@ def epilogue_slices(accumulate: bool) -> int:
 
 def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
-    scales: Scales | None = None, accumulate: bool = False,
+    scales: Scales | None = None, accumulate: bool = False, layout: TokenLayout | None = None,
 ) -> torch.Tensor:
     """out[rows_g] = a[rows_g] @ b[g]^T (`accumulate`: out[rows_g] += it): a [M, K] with contiguous rows,
     b [G, N, K] any strides.
 
     Through tensor descriptors when the operands meet TMA's 16-byte rules (tma_layout,
-    stack_tma_layout), else through pointers."""
+    stack_tma_layout), else through pointers. Tiles in one flattened loop where `flat_tiles` says so, their
+    groups from `layout` (the groups' token layout, as quantize_both returns it) if it has BLOCK_M-row blocks,
+    else from one made here (one more launch)."""
     (M, K), (G, N, _) = a.shape, b.shape
     if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
@@ -242,6 +284,12 @@ def grouped_mm(
     b_k_major = stack_tma_layout(b)
     tma = tma_layout(a) is True and b_k_major is not None
     a_desc = b_desc = None
+    per_k_block = scales is not None and scales.per_k_block
+    if G > 1 and not per_k_block and flat_tiles(a.element_size(), K):
+        if layout is None or layout.block != cfg.BLOCK_M:
+            layout = token_layout(offs, cdiv(M, cfg.BLOCK_M) + G, cfg.BLOCK_M)
+    else:
+        layout = None
     if tma:
         bind_context(a.device)
         b_stored = b if b_k_major else b.transpose(1, 2)
@@ -249,14 +297,14 @@ def grouped_mm(
         a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
         b_desc = TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block)
     _grouped_mm_kernel[(programs,)](
-        a, b, a_desc, b_desc, out, offs, s.a, s.b,
-        G, N, K,
+        a, b, a_desc, b_desc, out, offs, *((layout.padded_offs, layout.block_groups) if layout else (offs, offs)),
+        s.a, s.b, G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
         TMA=tma, B_K_MAJOR=bool(b_k_major), SB_OUT_DIV=s.b_out_div, SCALE=mode,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         NUM_PROGRAMS=programs, ACCUMULATE=accumulate, EPILOGUE_SLICES=epilogue_slices(accumulate),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FLAT=layout is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 

@@ -193,9 +193,10 @@ def row_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[in
 
 def m_grouped_fp8(
     pass_name: str, x: tuple[torch.Tensor, torch.Tensor], weight: QuantizedWeight, offs: torch.Tensor,
-    granularity: Granularity, out: torch.Tensor,
+    granularity: Granularity, out: torch.Tensor, layout: TokenLayout | None = None,
 ) -> None:
-    """out[rows_g] = x[rows_g] @ weight_g^T, x = (q, scale) quantized along its rows (forward and dgrad)."""
+    """out[rows_g] = x[rows_g] @ weight_g^T, x = (q, scale) quantized along its rows (forward and dgrad);
+    `layout`: the groups' token layout, if x's quantization made one (grouped_mm reads it)."""
     xq, sx = x
     scales = Scales(
         a=sx, a_strides=row_scale_strides(sx, granularity), b=weight.scale, b_strides=weight.strides,
@@ -205,7 +206,8 @@ def m_grouped_fp8(
     if blockwise_ws.supported(xq, weight.data, out, scales, cfg):
         blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs)
     else:
-        grouped_mm(xq, weight.data, offs, out, blockwise_ws.triton_tile(cfg) if scales.per_k_block else cfg, scales)
+        grouped_mm(xq, weight.data, offs, out, blockwise_ws.triton_tile(cfg) if scales.per_k_block else cfg, scales,
+                   layout=layout)
 
 
 def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:
