@@ -3,7 +3,9 @@ rowwise) next to a torch layer of the same math (kernels/moe/reference.py: torch
 index_select, torch._grouped_mm for GateUP and Down, silu * up, index_add_), on the same weights and tokens,
 with the harness's timer; `ratio` is torch's step time over the row's. TFLOPS count the expert GEMMs
 only, as SonicMoE does: 6 * T * topk * H * I forward, twice that backward. Also the forward's activation
-memory (peak allocated while the graph is alive, past what was allocated before).
+memory (peak allocated while the graph is alive, past what was allocated before). The backward starts from a
+fixed gradient of the output and the routing losses' weights (no loss is computed: its kernels are no part of
+the layer), and the tokens' gradient is handed on each microbatch, as a previous layer would take it.
 
 Issue 17's acceptance (H100, bf16, skewed routing): >= 1.25x torch on DeepSeek-V3 (32 local experts, 4096
 tokens) and Qwen3-235B, >= 2x on the SonicMoE configuration (32k tokens, hidden 4096, 128 experts, top-8,
@@ -89,7 +91,11 @@ def layer_impls(spec: Layer, accumulate: int = 1) -> tuple[list[Impl], Callable[
     fp8 = MoEMLP(spec.hidden, spec.intermediate, spec.router, expert_bias=bf16.expert_bias is not None,
                  fp8=Float8Config(), dtype=torch.bfloat16, device="cuda")
     fp8.load_state_dict(bf16.state_dict())
+    # The gradients a training loop hands the layer: its output's, and the routing losses' weights. Backward from
+    # them, not from a loss computed here: a loss's own kernels (out * grad_out, its sum and their backward, 0.68
+    # ms of SonicMoE's microbatch) are no part of the layer.
     grad_out = torch.randn_like(x)
+    loss_weights = (torch.tensor(1e-2, device="cuda"), torch.tensor(1e-3, device="cuda"))
     params = (x, bf16.gate, bf16.w_gate_up, bf16.w_down, fp8.gate, fp8.w_gate_up, fp8.w_down)
 
     # The FP8 layer's gradient-accumulation buffers (--accumulate > 1): its expert wgrads add into them.
@@ -115,8 +121,10 @@ def layer_impls(spec: Layer, accumulate: int = 1) -> tuple[list[Impl], Callable[
         def run() -> None:
             weights_fp8 = quantize() if quantize else None
             for _ in range(accumulate):
+                # x stands for the previous layer's output: its gradient is handed on, not summed over microbatches
+                x.grad = None
                 out, aux_loss, z_loss = forward(weights_fp8)
-                ((out * grad_out).sum() + 1e-2 * aux_loss + 1e-3 * z_loss).backward()
+                torch.autograd.backward((out, aux_loss, z_loss), (grad_out, *loss_weights))
         return run
 
     def clear_grads() -> None:

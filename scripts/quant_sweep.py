@@ -6,7 +6,7 @@ input (GateUP's output, 1024 wide); DeepSeek-V3's 32768 routed rows of 7168 and 
 next to a copy. CUDA events, L2 flushed, medians; TB/s counts each kernel's bytes (reads of the bf16 rows,
 fp8 writes).
 
-    PYTHONPATH=. python3 scripts/quant_sweep.py [--sweep]   # --sweep: each kernel's tile width and warps
+    PYTHONPATH=. python3 scripts/quant_sweep.py [--sweep] [--only NAME]   # --sweep: each kernel's tile width and warps
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def sweep(timer: Timer, call, elements: int, read_bytes: int) -> None:
     """TB/s of each kernel of a rowwise call under every (BLOCK_C, num_warps) tried."""
     launches = captured_launches(call)
     for name, block_cs, warps in (("_amax_both_kernel", (64, 128), (2, 4, 8)),
-                                  ("_quantize_both_kernel", (64, 128), (4, 8))):
+                                  ("_quantize_both_kernel", (32, 64, 128), (2, 4, 8))):
         moved = elements * (read_bytes if name == "_amax_both_kernel" else read_bytes + 2)
         for block_c in block_cs:
             row = []
@@ -93,12 +93,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true",
                         help="also time the rowwise kernels under each (BLOCK_C, num_warps) tried")
+    parser.add_argument("--only", default="", help="keep cases whose name contains this")
     args = parser.parse_args()
     timer = Timer(torch.device("cuda"), mode="cuda-events", repeats=20, warmup=3)
     T, H, E = 32768, 4096, 128
     tokens = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     ids = skewed_ids(T, E, torch.device("cuda"))
-    order = sort_by_expert(ids, num_experts=E)
+    order = sort_by_expert(ids, torch.rand(ids.shape, device="cuda"), num_experts=E)
     R = order.sources.numel()
     rows = tokens[order.sources.clamp(min=0).long()].contiguous()
     offs = order.group_offs
@@ -120,6 +121,10 @@ def main() -> None:
         "tokens through the order (RowSource)": (
             lambda: quantize_both(tokens, E4M3, Granularity.ROWWISE, groups, source=RowSource(order.sources)),
             rows.numel(), 2),
+        "output gradient through the order, weighted, rows unweighted": (
+            lambda: quantize_both(tokens, E4M3, Granularity.ROWWISE, groups,
+                                  source=RowSource(order.sources, order.permuted_probs, weighted_rows=False)),
+            rows.numel(), 2),
         "SwiGLU input (glu), skewed token groups": (
             lambda: quantize_both(h, E4M3, Granularity.ROWWISE, groups, glu=True), h.numel() // 2, 4),
         "rows, blockwise, skewed token groups": (
@@ -131,6 +136,7 @@ def main() -> None:
             lambda: quantize_both(dsv3_weights, E4M3, Granularity.ROWWISE, RowGroups.equal(32, 4096)),
             dsv3_weights.numel(), 2),
     }
+    cases = {name: case for name, case in cases.items() if args.only in name}
     for name, (call, elements, read_bytes) in cases.items():
         times = kernel_times(timer, call)
         parts = []
