@@ -18,7 +18,8 @@ and its expert wgrads add into bf16 main_grad buffers zeroed at the start of the
 benchmarks/training_step.py's expert steps do; the others accumulate .grad as autograd does.
 
     python benchmarks/moe_layer.py --csv moe_layer.csv [--mode cuda-graph] [--accumulate 8]
-    python benchmarks/moe_layer.py --kernels --only sonicmoe --accumulate 8   # where each one's GPU time goes"""
+    python benchmarks/moe_layer.py --kernels --only sonicmoe --accumulate 8   # where each one's GPU time goes
+    python benchmarks/moe_layer.py --kernels --launches --only sonicmoe      # each launch of a microbatch, in order"""
 
 from __future__ import annotations
 
@@ -156,8 +157,9 @@ def rows_for_layer(spec: Layer, timer: Timer, accumulate: int = 1) -> list[dict[
     return rows
 
 
-def kernel_tables(spec: Layer, accumulate: int) -> None:
-    """Each implementation's GPU kernels over one optimizer step (after a warm-up step), by total time."""
+def kernel_tables(spec: Layer, accumulate: int, in_order: bool = False) -> None:
+    """Each implementation's GPU kernels over one optimizer step (after a warm-up step), by total time, or
+    (`in_order`) each launch in the order it ran with its time: the passes of one kernel apart."""
     impls, clear_grads = layer_impls(spec, accumulate)
     for impl in impls:
         clear_grads()
@@ -167,7 +169,14 @@ def kernel_tables(spec: Layer, accumulate: int) -> None:
             impl.step()
             torch.cuda.synchronize()
         print(f"=== {spec.label} {impl.name}, one step of {accumulate} microbatches")
-        print(prof.key_averages().table(sort_by="device_time_total", row_limit=24, max_name_column_width=80))
+        if not in_order:
+            print(prof.key_averages().table(sort_by="device_time_total", row_limit=24, max_name_column_width=80))
+            continue
+        launches = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                          key=lambda e: e.time_range.start)
+        for event in launches:
+            print(f"{event.device_time / 1e3:8.3f} ms  {event.name[:100]}")
+        print(f"{sum(e.device_time for e in launches) / 1e3:8.3f} ms  in {len(launches)} launches")
 
 
 def main() -> None:
@@ -181,13 +190,17 @@ def main() -> None:
                              "expert weights once per step)")
     parser.add_argument("--kernels", action="store_true",
                         help="print each implementation's kernel table (torch.profiler) instead of timing")
+    parser.add_argument("--launches", action="store_true",
+                        help="with --kernels: every launch in order with its time, not the table by kernel")
     args = parser.parse_args()
     if args.accumulate < 1:
         parser.error("--accumulate must be at least 1")
+    if args.launches and not args.kernels:
+        parser.error("--launches goes with --kernels")
     if args.kernels:
         for spec in LAYERS:
             if args.only in spec.label:
-                kernel_tables(spec, args.accumulate)
+                kernel_tables(spec, args.accumulate, args.launches)
                 torch.cuda.empty_cache()
         return
     timer = Timer(torch.device("cuda"), mode=args.mode, repeats=args.repeats, warmup=3)
