@@ -272,22 +272,22 @@ def grouped_mm(
     groups from `layout` (the groups' token layout, as quantize_both returns it) if it has BLOCK_M-row blocks,
     else from one made here (one more launch)."""
     (M, K), (G, N, _) = a.shape, b.shape
-    if scales is not None and scales.per_k_block and cfg.BLOCK_K != 128:
+    per_k_block = scales is not None and scales.per_k_block
+    if per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
     if M == 0 or N == 0:
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
-    max_tiles = (cdiv(M, cfg.BLOCK_M) + G) * cdiv(N, cfg.BLOCK_N)
-    programs = persistent_programs(a.device, max_tiles)
+    row_blocks = cdiv(M, cfg.BLOCK_M) + G
+    programs = persistent_programs(a.device, row_blocks * cdiv(N, cfg.BLOCK_N))
     s = scales or Scales(a, (0, 0), a, (0, 0, 0))
     mode = SCALE_NONE if scales is None else scales.mode
     b_k_major = stack_tma_layout(b)
     tma = tma_layout(a) is True and b_k_major is not None
     a_desc = b_desc = None
-    per_k_block = scales is not None and scales.per_k_block
     if G > 1 and not per_k_block and flat_tiles(a.element_size(), K):
         if layout is None or layout.block != cfg.BLOCK_M:
-            layout = token_layout(offs, cdiv(M, cfg.BLOCK_M) + G, cfg.BLOCK_M)
+            layout = token_layout(offs, row_blocks, cfg.BLOCK_M)
     else:
         layout = None
     if tma:
