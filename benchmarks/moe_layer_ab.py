@@ -5,6 +5,8 @@ our bf16 layer under HEAD's (ratios to it, and new / old).
     python benchmarks/moe_layer_ab.py epilogue-slices   # the wgrads' accumulating epilogue in 2 column slices, or 1
     python benchmarks/moe_layer_ab.py probs-from-rows   # probs' gradient from the dgrad's unweighted rows, or from y
     python benchmarks/moe_layer_ab.py flat-tiles        # the M-grouped kernel's tiles in one flattened loop, or nested
+    python benchmarks/moe_layer_ab.py row-index         # the GEMMs read the tokens' rows through the expert order,
+                                                        # or quantize_both writes the gathered rows
 """
 import statistics
 import sys
@@ -17,6 +19,7 @@ from moe_layer import LAYERS, layer_impls
 from passes_report import with_switch
 
 import kernels  # noqa: F401
+import kernels.common.fp8 as fp8
 import kernels.grouped_gemm.kernel as grouped_kernel
 import kernels.moe.experts as experts
 from harness.timing import Timer
@@ -26,6 +29,7 @@ SWITCHES = {
     "epilogue-slices": (grouped_kernel, "epilogue_slices", lambda accumulate: 1),
     "probs-from-rows": (experts, "probs_grad_from_rows", lambda config: False),
     "flat-tiles": (grouped_kernel, "flat_tiles", lambda operand_bytes, K: False),
+    "row-index": (fp8, "rows_read_through_index", lambda granularity, glu, source: False),
 }
 
 

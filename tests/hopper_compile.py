@@ -53,21 +53,22 @@ HOPPER = GPUTarget("cuda", 90, 32)
 
 
 def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
-         num_stages: int = 3) -> str:
+         num_stages: int = 3, divisible: tuple[str, ...] = ()) -> str:
     """The PTX of `_compile`."""
-    return _compile(kernel, types, constants, num_warps, num_stages).asm["ptx"]
+    return _compile(kernel, types, constants, num_warps, num_stages, divisible).asm["ptx"]
 
 
 def _compile(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
-             num_stages: int = 3):
+             num_stages: int = 3, divisible: tuple[str, ...] = ()):
     """`kernel` (Triton or Gluon) compiled for sm_90a with these argument types and constexprs, every other argument
     an i32, as a launch on the benchmarks' shapes specializes it: pointers 16-byte aligned and the strides
     that are no constexpr divisible by 16 (without that, Triton cannot vectorize the loads and pipelines no
-    stages)."""
+    stages), and the `divisible` integer arguments too."""
     fn = kernel.kernel
     signature = dict.fromkeys(fn.arg_names, "i32") | types | dict.fromkeys(constants, "constexpr")
     index = fn.arg_names.index
-    aligned = [n for n, t in signature.items() if t.startswith("*") or (t == "i32" and n.startswith("stride_"))]
+    aligned = [n for n, t in signature.items()
+               if t.startswith("*") or (t == "i32" and (n.startswith("stride_") or n in divisible))]
     source_type = GluonASTSource if fn.is_gluon() else ASTSource
     source = source_type(fn, signature, constexprs={(index(k),): v for k, v in constants.items()},
                          attrs={(index(n),): [["tt.divisibility", 16]] for n in aligned})
@@ -211,10 +212,28 @@ def compile_grouped_epilogue(var_k: bool, block_n: int, num_warps: int, c_type: 
                  "b_desc": f"tensordesc<fp8e4nv[1, {block_n}, 128]>", "c_ptr": c_type, "offs_ptr": "*i64",
                  "padded_offs_ptr": "*i64", "block_groups_ptr": "*i32", "sa_ptr": "*fp32", "sb_ptr": "*fp32"}
         constants = common | {"B_K_MAJOR": True, "SB_OUT_DIV": 1, "BLOCK_M": 128, "BLOCK_N": block_n, "GROUP_M": 8,
-                              "NUM_PROGRAMS": 132, "FLAT": False, "stride_bk": 1, "stride_sam": 1,
-                              "stride_sbn": 1}
+                              "NUM_PROGRAMS": 132, "FLAT": False, "A_GATHER": False, "stride_bk": 1,
+                              "stride_sam": 1, "stride_sbn": 1}
         kernel = _grouped_mm_kernel
     return _ptxas_report(_ptx(kernel, types, constants, num_warps, 3))
+
+
+def compile_grouped_forward(a_gather: bool) -> dict[str, int]:
+    """The M-grouped kernel's FP8 rowwise forward as an MoE layer launches it (the tuned 128x256 tiles on 8 warps,
+    3 stages, every group's tiles in one flattened loop, B by TMA), with A by TMA or, `a_gather`, its rows read
+    through an index (grouped_mm's a_rows): registers and spills."""
+    fp8 = "*fp8e4nv"
+    types = {"a_ptr": fp8, "b_ptr": fp8, "b_desc": "tensordesc<fp8e4nv[1, 256, 128]>", "c_ptr": "*bf16",
+             "offs_ptr": "*i64", "padded_offs_ptr": "*i64", "block_groups_ptr": "*i32", "sa_ptr": "*fp32",
+             "sb_ptr": "*fp32", "a_rows_ptr": "*i32"}
+    constants = {"SCALE": 1, "TMA": True, "ACCUMULATE": False, "EPILOGUE_SLICES": 1, "BLOCK_K": 128, "B_K_MAJOR": True,
+                 "SB_OUT_DIV": 1, "BLOCK_M": 128, "BLOCK_N": 256, "GROUP_M": 8, "NUM_PROGRAMS": 132, "FLAT": True,
+                 "A_GATHER": a_gather, "stride_bk": 1, "stride_sam": 1, "stride_sbn": 1}
+    if a_gather:
+        constants["a_desc"] = None
+    else:
+        types["a_desc"] = "tensordesc<fp8e4nv[128, 128]>"
+    return _ptxas_report(_ptx(_grouped_mm_kernel, types, constants, 8, 3, divisible=("N", "K")))
 
 
 def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:

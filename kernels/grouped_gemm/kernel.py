@@ -2,7 +2,8 @@
 where TMA can read the operands, pointers elsewhere) and one K-grouped kernel (the variable-K
 wgrad), shared by the bf16 op and the FP8 op.
 
-Group g owns rows [offs[g], offs[g+1]) of the token-major tensors. `offs` stays on the device: no
+Group g owns rows [offs[g], offs[g+1]) of the token-major tensors (the M-grouped kernel's A may be read
+through a row index instead: the rows of a permuted copy never written). `offs` stays on the device: no
 host sync, so every launch is CUDA-graph safe and nothing is specialized on group sizes. Operand
 layouts are strides, so NT, NN and TN need no copies. FP8 scales are strided views (see
 kernels/common/scales.py); SCALE picks where they apply.
@@ -28,7 +29,7 @@ from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
 @fast_launch
 @triton.jit
 def _grouped_mm_kernel(
-    a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, padded_offs_ptr, block_groups_ptr, sa_ptr, sb_ptr,
+    a_ptr, b_ptr, a_desc, b_desc, c_ptr, offs_ptr, padded_offs_ptr, block_groups_ptr, sa_ptr, sb_ptr, a_rows_ptr,
     G, N, K,
     stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
     stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
@@ -41,6 +42,7 @@ def _grouped_mm_kernel(
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SLICES: tl.constexpr,
     FLAT: tl.constexpr,
+    A_GATHER: tl.constexpr = False,
 ):
     """C[rows_g] = A[rows_g] @ B_g^T for every group (ACCUMULATE: C += it, summed in fp32); B_g is
     [N, K] through its strides.
@@ -53,7 +55,8 @@ def _grouped_mm_kernel(
     TMA: A and B are read through tensor descriptors. A is one [M, K] descriptor: a tile may run past
     its group's last row into the next group's rows, which only feed output rows the masked store
     drops. B is a 3-D descriptor, so the copy engine zero-fills at each group's own edges; B_K_MAJOR:
-    stored [G, N, K], else [G, K, N]. Otherwise masked pointer loads through the strides.
+    stored [G, N, K], else [G, K, N]. Otherwise masked pointer loads through the strides. A_GATHER: A's rows
+    are read through `a_rows_ptr` by pointer loads (cp.async; see _grouped_tile), B as TMA says.
     """
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -66,10 +69,10 @@ def _grouped_mm_kernel(
             g = tl.load(block_groups_ptr + pid_m)
             start = tl.load(offs_ptr + g)
             row0 = start + pid_m * BLOCK_M - tl.load(padded_offs_ptr + g)
-            _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, row0, tl.load(offs_ptr + g + 1),
-                          pid_n * BLOCK_N, N, K, stride_am, stride_bg, stride_bn, stride_bk, stride_cm, stride_sam,
-                          stride_sak, stride_sbg, stride_sbn, stride_sbk, TMA, B_K_MAJOR, SB_OUT_DIV, SCALE, BLOCK_M,
-                          BLOCK_N, BLOCK_K, ACCUMULATE, EPILOGUE_SLICES)
+            _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, a_rows_ptr, g, row0,
+                          tl.load(offs_ptr + g + 1), pid_n * BLOCK_N, N, K, stride_am, stride_bg, stride_bn, stride_bk,
+                          stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, TMA, B_K_MAJOR,
+                          SB_OUT_DIV, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, ACCUMULATE, EPILOGUE_SLICES, A_GATHER)
     else:
         tile = pid
         tiles_before = 0
@@ -80,47 +83,58 @@ def _grouped_mm_kernel(
             tiles_g = num_m * num_n
             while tile < tiles_before + tiles_g:
                 pid_m, pid_n = grouped_tile(tile - tiles_before, num_m, num_n, GROUP_M)
-                _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, start + pid_m * BLOCK_M, end,
-                              pid_n * BLOCK_N, N, K, stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
-                              stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, TMA, B_K_MAJOR, SB_OUT_DIV,
-                              SCALE, BLOCK_M, BLOCK_N, BLOCK_K, ACCUMULATE, EPILOGUE_SLICES)
+                _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, a_rows_ptr, g,
+                              start + pid_m * BLOCK_M, end, pid_n * BLOCK_N, N, K, stride_am, stride_bg, stride_bn,
+                              stride_bk, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, TMA,
+                              B_K_MAJOR, SB_OUT_DIV, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, ACCUMULATE, EPILOGUE_SLICES,
+                              A_GATHER)
                 tile += NUM_PROGRAMS
             tiles_before += tiles_g
 
 
 @triton.jit
-def _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, row0, end, col0, N, K,
+def _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, a_rows_ptr, g, row0, end, col0, N, K,
                   stride_am, stride_bg, stride_bn, stride_bk, stride_cm,
                   stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                   TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, SB_OUT_DIV: tl.constexpr, SCALE: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
-                  EPILOGUE_SLICES: tl.constexpr):
-    """The output tile of group g at rows [row0, row0 + BLOCK_M) (those before `end`) and columns from col0."""
+                  EPILOGUE_SLICES: tl.constexpr, A_GATHER: tl.constexpr):
+    """The output tile of group g at rows [row0, row0 + BLOCK_M) (those before `end`) and columns from col0.
+    A_GATHER: A's row r is a[a_rows[r]] (zeros where a_rows[r] < 0), its scale that row's: loaded through
+    pointers (cp.async), B still by TMA."""
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
     row_mask = rows < end
     col_mask = cols < N
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    if A_GATHER:
+        a_rows = tl.load(a_rows_ptr + rows, mask=row_mask, other=-1)
+        a_mask = a_rows >= 0
+        a_rows = a_rows.to(tl.int64)
+    else:
+        a_rows, a_mask = rows, row_mask
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
     # int64: a transposed FP8 weight copy has an out-stride of G*N, and G*N*K passes 2**31.
     b_base = b_ptr + tl.cast(g, tl.int64) * stride_bg
     b_ptrs = b_base + cols.to(tl.int64)[:, None] * stride_bn + offs_k[None, :] * stride_bk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        if TMA:
+        k_mask = offs_k < K - kb * BLOCK_K
+        if TMA and not A_GATHER:
             a = a_desc.load([row0.to(tl.int32), kb * BLOCK_K])
+        else:
+            a = tl.load(a_ptrs, mask=a_mask[:, None] & k_mask[None, :], other=0.0)
+            a_ptrs += BLOCK_K
+        if TMA:
             if B_K_MAJOR:
                 b = b_desc.load([g, col0, kb * BLOCK_K]).reshape(BLOCK_N, BLOCK_K).T
             else:
                 b = b_desc.load([g, kb * BLOCK_K, col0]).reshape(BLOCK_K, BLOCK_N)
         else:
-            k_mask = offs_k < K - kb * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0).T
-            a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K * stride_bk
         if SCALE == 2:  # blockwise: promote each K block's product with its own scales
-            sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak, mask=row_mask, other=0.0)
+            sa = tl.load(sa_ptr + a_rows * stride_sam + kb * stride_sak, mask=a_mask, other=0.0)
             sb_g = sb_ptr + g * stride_sbg + kb * stride_sbk
             if SB_OUT_DIV % BLOCK_N == 0:  # the tile lies in one 128-wide weight block: one scale
                 acc += tl.dot(a, b) * (sa * tl.load(sb_g + (col0 // SB_OUT_DIV) * stride_sbn))[:, None]
@@ -129,7 +143,7 @@ def _grouped_tile(a_ptr, b_ptr, a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, g, row0, 
                 acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
         else:
             acc = tl.dot(a, b, acc)
-    sa = tl.load(sa_ptr + rows * stride_sam, mask=row_mask, other=0.0) if SCALE == 1 else None
+    sa = tl.load(sa_ptr + a_rows * stride_sam, mask=a_mask, other=0.0) if SCALE == 1 else None
     _store_tile(acc, c_ptr + rows[:, None] * stride_cm, row_mask, col0, N, sa, sb_ptr + g * stride_sbg,
                 stride_sbn, SB_OUT_DIV, SCALE == 1, ACCUMULATE, EPILOGUE_SLICES)
 
@@ -263,6 +277,7 @@ def epilogue_slices(accumulate: bool) -> int:
 def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: TileConfig,
     scales: Scales | None = None, accumulate: bool = False, layout: TokenLayout | None = None,
+    a_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[rows_g] = a[rows_g] @ b[g]^T (`accumulate`: out[rows_g] += it): a [M, K] with contiguous rows,
     b [G, N, K] any strides.
@@ -270,8 +285,13 @@ def grouped_mm(
     Through tensor descriptors when the operands meet TMA's 16-byte rules (tma_layout,
     stack_tma_layout), else through pointers. Tiles in one flattened loop where `flat_tiles` says so, their
     groups from `layout` (the groups' token layout, as quantize_both returns it) if it has BLOCK_M-row blocks,
-    else from one made here (one more launch)."""
+    else from one made here (one more launch). `a_rows` (int32 [M]): A's row r is a[a_rows[r]] (zeros where
+    a_rows[r] < 0), with that row's scale: the rows of a permuted copy of a, read without it being written."""
     (M, K), (G, N, _) = a.shape, b.shape
+    if a_rows is not None:
+        if a_rows.dtype != torch.int32 or a_rows.ndim != 1:
+            raise ValueError(f"grouped_mm: a_rows must be int32 [M], got {a_rows.dtype} {list(a_rows.shape)}")
+        M = a_rows.numel()
     per_k_block = scales is not None and scales.per_k_block
     if per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
@@ -294,17 +314,18 @@ def grouped_mm(
         bind_context(a.device)
         b_stored = b if b_k_major else b.transpose(1, 2)
         b_block = [1, cfg.BLOCK_N, cfg.BLOCK_K] if b_k_major else [1, cfg.BLOCK_K, cfg.BLOCK_N]
-        a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
+        if a_rows is None:
+            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
         b_desc = TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block)
     _grouped_mm_kernel[(programs,)](
         a, b, a_desc, b_desc, out, offs, *((layout.padded_offs, layout.block_groups) if layout else (offs, offs)),
-        s.a, s.b, G, N, K,
+        s.a, s.b, a if a_rows is None else a_rows, G, N, K,
         a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         *s.a_strides, *s.b_strides,
         TMA=tma, B_K_MAJOR=bool(b_k_major), SB_OUT_DIV=s.b_out_div, SCALE=mode,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         NUM_PROGRAMS=programs, ACCUMULATE=accumulate, EPILOGUE_SLICES=epilogue_slices(accumulate),
-        FLAT=layout is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FLAT=layout is not None, A_GATHER=a_rows is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 

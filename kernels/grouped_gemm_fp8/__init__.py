@@ -65,7 +65,7 @@ def fp8_forward(
     a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db, glu=a_glu,
                         source=a_source)
     weight, dgrad_weight = weight_operands(b, trans_b, config.forward_dtype, gran, need_da, b_fp8)
-    m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out, a_q.layout)
+    m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out, a_q.layout, a_q.row_index)
     return ForBackward(a_q.cols_t, dgrad_weight, a_q.layout)
 
 
@@ -93,7 +93,7 @@ def fp8_backward(
     g = quantize_both(grad_out, config.grad_dtype, gran, groups, rows=grad_a is not None, cols=grad_b is not None,
                       source=grad_source)
     if grad_a is not None:
-        m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a, g.layout)
+        m_grouped_fp8("dgrad", g.rows, saved.dgrad_weight, offs, gran, grad_a, g.layout, g.row_index)
     if grad_b is not None:
         x, y = (g.cols_t, saved.a_cols) if trans_b else (saved.a_cols, g.cols_t)
         tokens = grad_out.shape[0] if grad_source is None else grad_source.rows.numel()

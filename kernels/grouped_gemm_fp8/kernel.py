@@ -194,20 +194,22 @@ def row_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[in
 def m_grouped_fp8(
     pass_name: str, x: tuple[torch.Tensor, torch.Tensor], weight: QuantizedWeight, offs: torch.Tensor,
     granularity: Granularity, out: torch.Tensor, layout: TokenLayout | None = None,
+    row_index: torch.Tensor | None = None,
 ) -> None:
     """out[rows_g] = x[rows_g] @ weight_g^T, x = (q, scale) quantized along its rows (forward and dgrad);
-    `layout`: the groups' token layout, if x's quantization made one (grouped_mm reads it)."""
+    `layout`: the groups' token layout, if x's quantization made one (grouped_mm reads it); `row_index`: x's
+    row r is q[row_index[r]] (quantize_both's row_index: read through it, rowwise)."""
     xq, sx = x
     scales = Scales(
         a=sx, a_strides=row_scale_strides(sx, granularity), b=weight.scale, b_strides=weight.strides,
         b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
     )
-    cfg = config_for(pass_name, xq.shape[0], weight.data.shape[0], granularity, weight.data.shape[1:])
-    if blockwise_ws.supported(xq, weight.data, out, scales, cfg):
+    cfg = config_for(pass_name, out.shape[0], weight.data.shape[0], granularity, weight.data.shape[1:])
+    if row_index is None and blockwise_ws.supported(xq, weight.data, out, scales, cfg):
         blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs)
     else:
         grouped_mm(xq, weight.data, offs, out, blockwise_ws.triton_tile(cfg) if scales.per_k_block else cfg, scales,
-                   layout=layout)
+                   layout=layout, a_rows=row_index)
 
 
 def vark_scale_strides(scale: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:

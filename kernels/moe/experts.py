@@ -151,9 +151,11 @@ class _SwiGLU(torch.autograd.Function):
 
 
 class _PermutedGemmFp8(torch.autograd.Function):
-    """An MoE layer's GateUP GEMM in FP8 on the tokens in expert order, read through the order's sources
-    in the quantization of the GEMM's input (both layouts), so their permuted copy is never written. The
-    backward's dgrad gives each row's gradient; each token's is the sum of its rows' (permute's backward)."""
+    """An MoE layer's GateUP GEMM in FP8 on the tokens in expert order, never written permuted: rowwise, the
+    GEMM reads the tokens' own quantized rows through the order's sources (quantize_both's row_index), and the
+    wgrad's transposed layout is quantized through them; other granularities quantize both layouts through
+    them. The backward's dgrad gives each row's gradient; each token's is the sum of its rows' (permute's
+    backward)."""
 
     @staticmethod
     def forward(ctx, x, w, order, config, w_fp8, main_grad):
@@ -192,7 +194,8 @@ class _SwiGLUDownFp8(torch.autograd.Function):
 
     With an ExpertOrder, the combine (unpermute) too: out[t] = sum_k probs[t, k] * y[row(t, k)], and the
     backward quantizes each row's gradient probs[t, k] * grad_out[t] straight from grad_out through the
-    order's sources, so it is never written permuted. probs' gradient is <grad_out[t], y[row]> =
+    order's sources, so it is never written permuted (rowwise, the dgrad reads grad_out's own quantized rows
+    through the sources, quantize_both's row_index). probs' gradient is <grad_out[t], y[row]> =
     <grad_out[t] @ w_down, swiglu(h[row])>: rowwise and blockwise, the dgrad reads the rows unweighted
     (RowSource's weighted_rows=False; the wgrad's transposed layout keeps the probabilities) and the SwiGLU
     backward applies each row's probability and takes that dot from what it reads anyway, so y (R x H) is
