@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import kernels.common.fp8 as fp8_module
 from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.fp8 import (
@@ -34,6 +35,19 @@ def test_quantize_rows_round_trip(granularity):
         deq = q.float() * (s if s.numel() == 1 else s[:, None])
     floor = 10 if granularity == Granularity.TENSORWISE else 28  # rows span 4 decades: one scale loses the small ones
     assert snr_db(deq, x.half()) > floor
+
+
+@pytest.mark.parametrize("cols", [48, 200, 7168, WHOLE_ROW_MAX])
+def test_blockwise_rows_read_whole_equal_the_block_loop(cols, monkeypatch):
+    """Blockwise rows read whole (every 1x128 block's scale from one [rows, blocks, 128] view of the row) write
+    the same fp8 values and scales as the loop over 128-column blocks, bit for bit, including a last partial
+    block and rows narrower than one block."""
+    x = (torch.randn(3, cols, device=default_device()) * torch.logspace(-3, 3, cols, device=default_device())).half()
+    whole = quantize_rows(x, E4M3, Granularity.BLOCKWISE)
+    monkeypatch.setattr(fp8_module, "whole_row_blocks", lambda C: False)
+    looped = quantize_rows(x, E4M3, Granularity.BLOCKWISE)
+    assert whole[1].shape == (3, -(-cols // 128))
+    assert torch.equal(whole[0].float(), looped[0].float()) and torch.equal(whole[1], looped[1])
 
 
 @pytest.mark.parametrize("cols", [WHOLE_ROW_MAX - 100, WHOLE_ROW_MAX + 100])
