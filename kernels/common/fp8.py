@@ -136,7 +136,7 @@ def _quantize_rows_kernel(
     R, C, stride_xr, stride_qr, SEGMENT_ROWS,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
     MODE: tl.constexpr,  # 0 tensorwise (amax per segment given), 1 rowwise, 2 a scale per row and SCALE_C columns
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCALE_C: tl.constexpr = 0,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCALE_C: tl.constexpr,
 ):
     """MODE 2 is blockwise 1x128 at SCALE_C 128 and rowwise at SCALE_C = BLOCK_C >= C (one block a row); read
     whole (BLOCK_C >= C) or BLOCK_C columns at a time (SCALE_C = BLOCK_C)."""
@@ -461,7 +461,7 @@ def quantize_rows(
         # A row up to WHOLE_ROW_MAX wide is read once, whole, as MODE 2 with one scale (rowwise) or one a
         # 128-column block (blockwise). Rowwise, 32 rows a program looping over the columns twice (amax, then
         # cast) read the row from HBM again; blockwise, looping over 128-column blocks read 2.52-2.55 TB/s
-        # where a copy reads 2.96-2.99 (H100, 32768 rows of 4096 and 7168).
+        # where whole rows read 2.92-2.97 and a copy 2.96-2.99 (H100, 32768 rows of 4096 and 7168).
         whole_rows = mode in (1, 2) and whole_row_blocks(C)
         block_c = triton.next_power_of_2(C) if whole_rows else BLOCK
         block_r = max(1, ROW_VALUES // block_c) if whole_rows else 32
@@ -570,7 +570,7 @@ def rows_read_through_index(granularity: Granularity, glu: bool, source: RowSour
     (and the index for the GEMM to read them through: grouped_mm's a_rows) rather than writing the R rows:
     rowwise, rows read unweighted (no weight, or weighted_rows=False), no SwiGLU, where the rows' scales are
     their sources' own. An MoE layer's 32768 tokens and their 262144 copies (hidden 4096, H100): the
-    quantization 1.80 -> 1.38 ms, its GEMM 1.03-1.05x slower (cp.async reads of A, not TMA), the two 1.12-1.16x
+    quantization 1.80 -> 1.38 ms, its GEMM 1.01-1.05x slower (cp.async reads of A, not TMA), the two 1.05-1.16x
     faster (docs/performance.md, "The tokens' rows read through the expert order in the GEMM")."""
     return granularity == Granularity.ROWWISE and not glu and (source.weight is None or not source.weighted_rows)
 
