@@ -5,11 +5,7 @@ key, packed sequences with empty and one-token ones; quantize_heads; the trainin
 backward); bad input; the OpSpec variant; its compilation for Hopper (no GPU needed); on a GPU, bf16 outputs and
 CUDA-graph replay."""
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -36,6 +32,7 @@ from kernels.attention import quantize_heads as quantize
 from kernels.attention.tuning import FP8_VARIANT, buckets_for
 from kernels.common.device import SHARED_MEMORY_BYTES
 from kernels.common.fp8 import AMAX_EPS, FP8_MAX
+from tests.compiled import BOTH_TRITONS, compiled
 from tests.graph_replay import replay_and_eager
 from tests.test_attention import (
     DENSE_CASES,
@@ -270,18 +267,12 @@ def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
         assert torch.equal(got, eager_t) and snr_db(got, want) >= FLOOR
 
 
-# The lent GPU's Triton (3.6), installed apart (`pip install --no-deps --target DIR triton==3.6.0`; .ci/run does)
-# and named here: its ptxas spills where the newest Triton's does not (the fused backward at d256: 148-180 bytes
-# a thread under 3.6, reloaded every step, 0-16 under 3.9), so the kernels are compiled with both.
-GPU_TRITON = os.environ.get("TURBO_OPT_GPU_TRITON")
 # Spills a Triton leaves that were measured not to cost: d128's non-causal persistent backward under 3.6 (K's and
 # V's descriptors built each step remove them, and ran 0.985x on the H100).
 KNOWN_SPILLS = {"3.6": {"attention-bwd-ws-d128-persistent": 20}}
 
 
-@pytest.mark.parametrize("triton_dir", [
-    None, pytest.param(GPU_TRITON, marks=pytest.mark.skipif(not GPU_TRITON, reason="TURBO_OPT_GPU_TRITON unset"))],
-    ids=["installed", "gpu-triton"])
+@BOTH_TRITONS
 def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions(triton_dir):
     """Compiled for sm_90a here (no GPU needed), with the installed Triton and with the GPU's: both products of
     the FP8 forward are E4M3 wgmma, with no mma.sync fallback; the bf16 forward and both backward passes are
@@ -289,13 +280,7 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions(triton_d
     a wgmma product and fp32 atomic adds (TMA reductions with TMA on); quantize_heads' kernels compile (relaxed
     atomic amax, E4M3 conversions), as does quantize_both's rowwise amax pass (relaxed atomics); the
     warp-specialized kernels spill nothing (but KNOWN_SPILLS)."""
-    env = os.environ | {"TRITON_INTERPRET": "0"}
-    if triton_dir:
-        env["PYTHONPATH"] = os.pathsep.join([triton_dir, str(REPO_ROOT)])
-    done = subprocess.run([sys.executable, "-m", "tests.hopper_compile"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = compiled(["-m", "tests.hopper_compile"], triton_dir, timeout=900)
     known_spills = KNOWN_SPILLS.get(".".join(counts.pop("triton").split(".")[:2]), {})
     for kernel in ("bf16-d128", "bwd_kv-d128", "bwd_q-d128"):
         pointers, tma = counts[f"{kernel}-pointers"], counts[f"{kernel}-tma"]

@@ -4,11 +4,6 @@ empty groups, ragged edges), mixed FP8 formats, writing fresh outputs and adding
 
 import dataclasses
 import itertools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +14,7 @@ from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quant
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm_fp8.tuning import config_for
+from tests.compiled import compiled_for_hopper
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -67,14 +63,9 @@ def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
     H100's shared memory. A subprocess, since the kernels must be compiled, not interpreted."""
     cases = ((False, False), (True, False), (True, True), (False, False, 256), (True, False, 256, 3),
              (True, True, 256, 3, "*bf16"))
-    code = ("import json; from tests.hopper_compile import compile_blockwise_ws; print(json.dumps("
-            f"[compile_blockwise_ws(*c) for c in {cases!r}]))")
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=os.environ | {"TRITON_INTERPRET": "0"},
-                          cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    reports = compiled_for_hopper(f"[hopper_compile.compile_blockwise_ws(*c) for c in {cases!r}]")
     expected = ((128, 4, 2), (128, 4, 2), (128, 4, 4), (256, 4, 2), (256, 3, 2), (256, 3, 2))
-    for report, case, (block_n, stages, out_bytes) in zip(json.loads(done.stdout.splitlines()[-1]), cases,
-                                                          expected, strict=True):
+    for report, case, (block_n, stages, out_bytes) in zip(reports, cases, expected, strict=True):
         assert (report["wgmma_e4m3"], report["tma_loads"]) == (8, 3), report
         # the 256-wide token reduction into a main_grad reads C in 16-byte rows at each tile's start and
         # moves it into the accumulator's layout: ptxas spills 12 bytes around it, measured 1.13-1.14x the

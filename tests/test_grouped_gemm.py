@@ -1,14 +1,9 @@
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import kernels.grouped_gemm.kernel as grouped_kernel
-from harness.files import REPO_ROOT
 from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.fp8 import Float8Config, Format, Granularity, token_layout
@@ -18,6 +13,7 @@ from kernels.grouped_gemm.kernel import epilogue_slices
 from kernels.grouped_gemm.tuning import TUNABLE_SPACE, TUNED_TABLE
 from kernels.grouped_gemm_fp8 import grouped_gemm_fp8, prequantize_weight
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
+from tests.compiled import BOTH_TRITONS, compiled_for_hopper
 from tests.graph_replay import replay_and_eager
 from tests.grouped_reference import grouped_reference
 
@@ -308,39 +304,17 @@ def test_a_foreign_fp8_weight_copy_is_refused(device):
         grouped_gemm_fp8(a, b, lens, b_fp8="w8")
 
 
-# The GPU's Triton, installed apart by .ci/run (TURBO_OPT_GPU_TRITON): its ptxas spills where the newest does not.
-GPU_TRITON = os.environ.get("TURBO_OPT_GPU_TRITON")
-
-
-TRITONS = pytest.mark.parametrize("triton_dir", [
-    None, pytest.param(GPU_TRITON, marks=pytest.mark.skipif(not GPU_TRITON, reason="TURBO_OPT_GPU_TRITON unset"))],
-    ids=["installed", "gpu-triton"])
-
-
-def _compiled_for_hopper(triton_dir: str | None, call: str) -> object:
-    """`call` (an expression over tests.hopper_compile) evaluated in a fresh process compiling for sm_90a, under the
-    installed Triton or the one at triton_dir (the GPU's)."""
-    code = f"import json; from tests import hopper_compile; print(json.dumps({call}))"
-    env = os.environ | {"TRITON_INTERPRET": "0"}
-    if triton_dir:
-        env["PYTHONPATH"] = os.pathsep.join([triton_dir, str(REPO_ROOT)])
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-@TRITONS
+@BOTH_TRITONS
 def test_the_gathered_forward_tile_does_not_spill(triton_dir):
     """The FP8 forward with A's rows read through an index (cp.async, the MoE layer's GateUP forward and Down
     dgrad) on the tuned 128x256 tiles, K a multiple of 16 (16-byte rows: every preset's hidden size): nothing
     spilled, as with A by TMA (a spill there would be reloaded on every K step; at an odd K the byte-wide
     copies spill 2.8 KB a thread under Triton 3.6)."""
-    reports = _compiled_for_hopper(triton_dir, "[hopper_compile.compile_grouped_forward(g) for g in (False, True)]")
+    reports = compiled_for_hopper("[hopper_compile.compile_grouped_forward(g) for g in (False, True)]", triton_dir)
     assert [report["spill_bytes"] for report in reports] == [0, 0], reports
 
 
-@TRITONS
+@BOTH_TRITONS
 def test_the_accumulating_epilogue_in_slices_spills_less(triton_dir):
     """Compiled for sm_90a here (Triton's own ptxas, no GPU): adding into a main_grad, the grouped kernels' epilogue
     in epilogue_slices(True) column slices spills less than one whole tile (176-956 bytes a thread, both Tritons,
@@ -349,7 +323,7 @@ def test_the_accumulating_epilogue_in_slices_spills_less(triton_dir):
     slices = epilogue_slices(True)
     cases = [(var_k, block_n, warps, c_type, n) for var_k in (True, False) for block_n, warps in ((256, 8), (128, 4))
              for c_type in ("*bf16", "*fp32") for n in (1, slices)]
-    reports = _compiled_for_hopper(triton_dir, f"[hopper_compile.compile_grouped_epilogue(*c) for c in {cases!r}]")
+    reports = compiled_for_hopper(f"[hopper_compile.compile_grouped_epilogue(*c) for c in {cases!r}]", triton_dir)
     spills = {case: report["spill_bytes"] for case, report in zip(cases, reports, strict=True)}
     for var_k, block_n, warps, c_type, n in cases:
         if n == slices:
