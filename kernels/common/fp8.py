@@ -138,8 +138,8 @@ def _quantize_rows_kernel(
     MODE: tl.constexpr,  # 0 tensorwise (amax per segment given), 1 rowwise, 2 a scale per row and SCALE_C columns
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCALE_C: tl.constexpr,
 ):
-    """MODE 2 is blockwise 1x128 at SCALE_C 128 and rowwise at SCALE_C = BLOCK_C >= C (one block a row); read
-    whole (BLOCK_C >= C) or BLOCK_C columns at a time (SCALE_C = BLOCK_C)."""
+    """MODE 2 is blockwise 1x128 at SCALE_C 128 (or BLOCK_C, for rows narrower than 128) and rowwise at SCALE_C =
+    BLOCK_C >= C (one block a row); read whole (BLOCK_C >= C) or BLOCK_C columns at a time."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < R
     if MODE == 0:
@@ -157,7 +157,7 @@ def _quantize_rows_kernel(
         cols = c0 + tl.arange(0, BLOCK_C)
         mask = row_mask[:, None] & (cols[None, :] < C)
         x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if MODE == 2 and SCALE_C < BLOCK_C:  # several scale blocks a row: the tile as [rows, blocks, SCALE_C]
+        if MODE == 2:  # a scale per row and SCALE_C columns: the tile as [rows, blocks, SCALE_C]
             blocks_x = tl.reshape(x, (BLOCK_R, BLOCK_C // SCALE_C, SCALE_C))
             block_scale = tl.maximum(tl.max(tl.abs(blocks_x), axis=2), EPS) / FP8_MAX
             blocks = c0 // SCALE_C + tl.arange(0, BLOCK_C // SCALE_C)
@@ -166,9 +166,6 @@ def _quantize_rows_kernel(
             q = tl.reshape(to_fp8_range(blocks_x * (1.0 / block_scale)[:, :, None], FP8_MAX, MANTISSA, MIN_EXP,
                                         EMULATE), (BLOCK_R, BLOCK_C))
         else:
-            if MODE == 2:  # one scale per row per block
-                scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX
-                tl.store(scale_ptr + rows * tl.cdiv(C, BLOCK_C) + c0 // BLOCK_C, scale, mask=row_mask)
             q = to_fp8_range(x * (1.0 / scale)[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
@@ -468,7 +465,7 @@ def quantize_rows(
         _quantize_rows_kernel[(cdiv(R, block_r),)](
             x, q, scale, amax if amax is not None else scale, R, C, x.stride(0), q.stride(0), segment_rows or 1,
             **fmt, EPS=AMAX_EPS, MODE=2 if whole_rows else mode, BLOCK_R=block_r, BLOCK_C=block_c,
-            SCALE_C=BLOCK if mode == 2 else block_c, num_warps=8 if whole_rows else 4,
+            SCALE_C=min(BLOCK, block_c) if mode == 2 else block_c, num_warps=8 if whole_rows else 4,
         )
     return q, scale
 
