@@ -28,7 +28,7 @@ from harness.timing import Timer
 SWITCHES = {
     "epilogue-slices": (grouped_kernel, "epilogue_slices", lambda accumulate: 1),
     "probs-from-rows": (experts, "probs_grad_from_rows", lambda config: False),
-    "flat-tiles": (grouped_kernel, "flat_tiles", lambda operand_bytes, K: False),
+    "flat-tiles": (grouped_kernel, "flat_tiles", lambda operand_bytes, K, output_bytes: False),
     "row-index": (fp8, "rows_read_through_index", lambda granularity, glu, source: False),
 }
 

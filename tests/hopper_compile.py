@@ -218,22 +218,25 @@ def compile_grouped_epilogue(var_k: bool, block_n: int, num_warps: int, c_type: 
     return _ptxas_report(_ptx(kernel, types, constants, num_warps, 3))
 
 
-def compile_grouped_forward(a_gather: bool) -> dict[str, int]:
+def compile_grouped_forward(a_gather: bool, output: str = "*bf16", stages: int = 3,
+                            flat: bool = True) -> dict[str, int]:
     """The M-grouped kernel's FP8 rowwise forward as an MoE layer launches it (the tuned 128x256 tiles on 8 warps,
-    3 stages, every group's tiles in one flattened loop, B by TMA), with A by TMA or, `a_gather`, its rows read
-    through an index (grouped_mm's a_rows): registers and spills."""
+    `stages` stages, every group's tiles in one flattened loop or, not `flat`, group by group, B by TMA, the
+    output's type `output`), with A by TMA or, `a_gather`, its rows read through an index (grouped_mm's a_rows):
+    registers, spills and shared memory."""
     fp8 = "*fp8e4nv"
-    types = {"a_ptr": fp8, "b_ptr": fp8, "b_desc": "tensordesc<fp8e4nv[1, 256, 128]>", "c_ptr": "*bf16",
+    types = {"a_ptr": fp8, "b_ptr": fp8, "b_desc": "tensordesc<fp8e4nv[1, 256, 128]>", "c_ptr": output,
              "offs_ptr": "*i64", "padded_offs_ptr": "*i64", "block_groups_ptr": "*i32", "sa_ptr": "*fp32",
              "sb_ptr": "*fp32", "a_rows_ptr": "*i32"}
     constants = {"SCALE": 1, "TMA": True, "ACCUMULATE": False, "EPILOGUE_SLICES": 1, "BLOCK_K": 128, "B_K_MAJOR": True,
-                 "SB_OUT_DIV": 1, "BLOCK_M": 128, "BLOCK_N": 256, "GROUP_M": 8, "NUM_PROGRAMS": 132, "FLAT": True,
+                 "SB_OUT_DIV": 1, "BLOCK_M": 128, "BLOCK_N": 256, "GROUP_M": 8, "NUM_PROGRAMS": 132, "FLAT": flat,
                  "A_GATHER": a_gather, "stride_bk": 1, "stride_sam": 1, "stride_sbn": 1}
     if a_gather:
         constants["a_desc"] = None
     else:
         types["a_desc"] = "tensordesc<fp8e4nv[128, 128]>"
-    return _ptxas_report(_ptx(_grouped_mm_kernel, types, constants, 8, 3, divisible=("N", "K")))
+    kernel = _compile(_grouped_mm_kernel, types, constants, 8, stages, divisible=("N", "K"))
+    return _ptxas_report(kernel.asm["ptx"]) | {"shared_bytes": kernel.metadata.shared}
 
 
 def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:

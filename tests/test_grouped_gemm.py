@@ -5,7 +5,7 @@ import torch
 
 import kernels.grouped_gemm.kernel as grouped_kernel
 from harness.snr import snr_db
-from kernels.common.device import default_device
+from kernels.common.device import SHARED_MEMORY_BYTES, default_device
 from kernels.common.fp8 import Float8Config, Format, Granularity, token_layout
 from kernels.common.tiles import TileConfig, config_from_table
 from kernels.grouped_gemm import group_offsets, grouped_gemm
@@ -312,6 +312,42 @@ def test_the_gathered_forward_tile_does_not_spill(triton_dir):
     copies spill 2.8 KB a thread under Triton 3.6)."""
     reports = compiled_for_hopper("[hopper_compile.compile_grouped_forward(g) for g in (False, True)]", triton_dir)
     assert [report["spill_bytes"] for report in reports] == [0, 0], reports
+
+
+@BOTH_TRITONS
+def test_the_fp8_forward_fits_shared_memory_for_each_output_dtype(triton_dir):
+    """Compiled for sm_90a as grouped_mm launches them (the tile loop `flat_tiles` picks for the output's dtype):
+    the tuned FP8 forward and dgrad tiles (128x256 on 8 warps, 3 and 4 stages) fit an SM's shared memory with a
+    bf16 and an fp32 output. The flattened loop keeps its stages' buffers through the epilogue: with an fp32
+    output there it asked for 328 KB at 4 stages (the campaign's accumulation probe on the H100: OutOfResources),
+    so an fp32 output takes the nested loops."""
+    stages = sorted({cfg["num_stages"] for key, cfg in fp8_tuning.TUNED_TABLE.items()
+                     if key.startswith(("fwd/", "dgrad/")) and "blockwise" not in key})
+    cases = [(output, n, grouped_kernel.flat_tiles(1, 4096, nbytes)) for output, nbytes in (("*bf16", 2), ("*fp32", 4))
+             for n in stages]
+    assert [flat for *_, flat in cases] == [True] * len(stages) + [False] * len(stages)
+    cases.append(("*fp32", max(stages), True))  # what the flattened loop would ask for
+    reports = compiled_for_hopper(f"[hopper_compile.compile_grouped_forward(False, *c) for c in {cases!r}]",
+                                  triton_dir)
+    shared = {case: report["shared_bytes"] for case, report in zip(cases, reports, strict=True)}
+    assert all(shared[case] <= SHARED_MEMORY_BYTES for case in cases[:-1]), shared
+    assert shared[cases[-1]] > SHARED_MEMORY_BYTES, shared
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", list(Granularity), ids=lambda g: g.value)
+def test_gpu_fp8_forward_into_fp32_on_a_long_k(granularity):
+    """The campaign's accumulation probe as a test: two groups, K 16384, inputs x64, an fp32 output (its tile
+    loop must fit the shared memory), against float64."""
+    torch.manual_seed(0)
+    lens, N, K = [128, 128], 192, 16384
+    a = torch.randn(sum(lens), K, dtype=torch.bfloat16, device="cuda") * 64
+    b = torch.randn(len(lens), N, K, dtype=torch.bfloat16, device="cuda") * 64
+    out = grouped_gemm_fp8(a, b, torch.tensor(lens, device="cuda"), out_dtype=torch.float32,
+                           config=Float8Config(Format.E4M3, granularity))
+    assert out.dtype == torch.float32
+    want = grouped_reference(a, b, lens, torch.zeros_like(out), True)[0]
+    assert snr_db(out, want) >= 25
 
 
 @BOTH_TRITONS

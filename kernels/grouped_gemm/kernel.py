@@ -255,14 +255,19 @@ def _store_columns(acc, c_rows, row_mask, col0, N, row_scale, col_scale_ptr, str
     tl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=mask)
 
 
-def flat_tiles(operand_bytes: int, K: int) -> bool:
+def flat_tiles(operand_bytes: int, K: int, output_bytes: int) -> bool:
     """Whether the M-grouped kernel walks every group's tiles in one loop (each tile's group from a token layout)
     that Triton flattens into the K loop, so that the next tile's loads are in flight during this tile's
     epilogue, rather than group by group (more than one group, scales applied after the K loop). H100
     against the nested loops (benchmarks/flat_tiles_ab.py, MoE forward and dgrad passes): FP8 rowwise
     1.00-1.31x (SonicMoE's Down forward, K 512: 1.31x; its GateUP dgrad, K 1024: 1.14x); bf16 1.08-1.15x at
-    K <= 1024, 0.96-1.02x above (docs/performance.md, "The grouped kernel's tiles in one flattened loop")."""
-    return operand_bytes == 1 or K <= 1024
+    K <= 1024, 0.96-1.02x above (docs/performance.md, "The grouped kernel's tiles in one flattened loop").
+
+    Not for an fp32 output: the stages' buffers stay allocated through the flattened loop's epilogue, and the
+    conversion of an fp32 tile beside them outgrows an SM's shared memory (the tuned FP8 128x256 tiles: 279 /
+    328 KB at 3 / 4 stages against 227 KB, where a bf16 tile takes 180 / 229 KB and the nested loops 147 / 197;
+    tests/test_grouped_gemm.py compiles them)."""
+    return output_bytes <= 2 and (operand_bytes == 1 or K <= 1024)
 
 
 def epilogue_slices(accumulate: bool) -> int:
@@ -305,7 +310,7 @@ def grouped_mm(
     b_k_major = stack_tma_layout(b)
     tma = tma_layout(a) is True and b_k_major is not None
     a_desc = b_desc = None
-    if G > 1 and not per_k_block and flat_tiles(a.element_size(), K):
+    if G > 1 and not per_k_block and flat_tiles(a.element_size(), K, out.element_size()):
         if layout is None or layout.block != cfg.BLOCK_M:
             layout = token_layout(offs, row_blocks, cfg.BLOCK_M)
     else:
