@@ -114,3 +114,13 @@ def test_the_caches_stop_growing_once_a_training_step_has_run():
         steps()
     assert [len(launcher.compiled) for launcher in launchers] == learned
     assert sum(learned) >= 5  # the steps did launch through the caches
+
+
+def test_the_host_side_block_sizes_agree_with_tritons():
+    """cdiv and next_power_of_2 stand in for Triton's constexpr functions on the host (microseconds a call
+    cheaper): the same values wherever launchers use them."""
+    from kernels.common.device import cdiv, next_power_of_2
+
+    for n in range(1, 5000):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        assert cdiv(n, 128) == triton.cdiv(n, 128), n

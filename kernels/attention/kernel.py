@@ -61,7 +61,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.attention import hopper_ws
 from kernels.attention.tuning import AttentionConfig, config_for
-from kernels.common.device import cdiv, interpreter_mode
+from kernels.common.device import cdiv, interpreter_mode, next_power_of_2
 from kernels.common.fp8 import AMAX_EPS, FORMAT_ARGS, FP8_MAX, to_fp8_range
 from kernels.common.launch import fast_launch
 from kernels.common.tma import bind_context
@@ -719,7 +719,7 @@ def _common(shape: AttentionShape, causal: bool, window: int | None) -> dict[str
     """Arguments every kernel takes: head dims, their padded widths and the constexpr switches."""
     return {
         "HEAD_DIM_QK": shape.head_dim_qk, "HEAD_DIM_V": shape.head_dim_v,
-        "BLOCK_DQK": triton.next_power_of_2(shape.head_dim_qk), "BLOCK_DV": triton.next_power_of_2(shape.head_dim_v),
+        "BLOCK_DQK": next_power_of_2(shape.head_dim_qk), "BLOCK_DV": next_power_of_2(shape.head_dim_v),
         "VARLEN": shape.packed, "CAUSAL": causal, "WINDOW": window is not None,
     }
 
@@ -909,7 +909,7 @@ def quantize_per_head(
         strides = (0, *x.stride()) if packed else x.stride()
         out_strides = (0, *data.stride()) if packed else data.stride()
         grid = (cdiv(rows, QUANTIZE_ROWS), heads)
-        common = {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim), "BLOCK_S": QUANTIZE_ROWS,
+        common = {"HEAD_DIM": head_dim, "BLOCK_D": next_power_of_2(head_dim), "BLOCK_S": QUANTIZE_ROWS,
                   "VARLEN": packed}
         _head_amax_kernel[grid](x, amax, seq, rows, seqlen, heads, *strides, **common)
         _head_cast_kernel[grid](x, data, amax, seq, rows, seqlen, heads, *strides, *out_strides, **common,

@@ -25,6 +25,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for host-side block sizes: triton.next_power_of_2 is a
+    constexpr function too (see cdiv), 2.5 us a call on a fast host, 10 on the lent H100's."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 # SMs per CUDA device index, read once: torch.cuda.get_device_properties costs microseconds a call,
 # and every persistent launch asks.
 _SM_COUNTS: dict[int, int] = {}
@@ -63,11 +69,11 @@ SHARED_MEMORY_BYTES = 232448
 
 def check_same_device(**tensors: torch.Tensor) -> torch.device:
     """Raise a ValueError naming the tensors if they are not all on one device."""
-    devices = {name: t.device for name, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+    values = iter(tensors.values())
+    device = next(values).device
+    if any(t.device != device for t in values):
+        listed = ", ".join(f"{name} on {t.device}" for name, t in tensors.items())
         raise ValueError(f"tensors must be on one device: {listed}")
-    device = next(iter(devices.values()))
     if device.type != "cuda" and not interpreter_mode():
         raise ValueError(f"tensors are on {device}: Triton kernels need a CUDA device (or TRITON_INTERPRET=1)")
     return device

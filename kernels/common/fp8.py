@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.device import cdiv, interpreter_mode
+from kernels.common.device import cdiv, interpreter_mode, next_power_of_2
 from kernels.common.launch import fast_launch
 
 BLOCK = 128
@@ -460,7 +460,7 @@ def quantize_rows(
         # cast) read the row from HBM again; blockwise, looping over 128-column blocks read 2.52-2.55 TB/s
         # where whole rows read 2.92-2.97 and a copy 2.96-2.99 (H100, 32768 rows of 4096 and 7168).
         whole_rows = mode in (1, 2) and whole_row_blocks(C)
-        block_c = triton.next_power_of_2(C) if whole_rows else BLOCK
+        block_c = next_power_of_2(C) if whole_rows else BLOCK
         block_r = max(1, ROW_VALUES // block_c) if whole_rows else 32
         _quantize_rows_kernel[(cdiv(R, block_r),)](
             x, q, scale, amax if amax is not None else scale, R, C, x.stride(0), q.stride(0), segment_rows or 1,
@@ -534,7 +534,7 @@ def token_layout(group_offs: torch.Tensor, blocks: int, block: int = BLOCK) -> T
     padded = torch.empty_like(group_offs)
     block_groups = torch.empty(blocks, dtype=torch.int32, device=group_offs.device)
     _token_layout_kernel[(max(1, cdiv(blocks, LAYOUT_BLOCKS)),)](
-        group_offs, padded, block_groups, G, blocks, BLOCK_G=triton.next_power_of_2(max(G, 1)), BLOCK_T=block,
+        group_offs, padded, block_groups, G, blocks, BLOCK_G=next_power_of_2(max(G, 1)), BLOCK_T=block,
         BLOCKS=LAYOUT_BLOCKS)
     return TokenLayout(padded, block_groups, block)
 

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.device import cdiv, check_same_device
+from kernels.common.device import cdiv, check_same_device, next_power_of_2
 from kernels.common.launch import fast_launch
 
 TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -311,13 +311,13 @@ class RowMap:
 
 
 def _block_h(H: int, most: int) -> int:
-    return min(most, triton.next_power_of_2(max(H, 1)))
+    return min(most, next_power_of_2(max(H, 1)))
 
 
 def rank_block(n_pairs: int) -> int:
     """Pairs per rank program: ~128 programs or more while that keeps blocks of 256 pairs, up to 1024,
     so that the single-program scan walks few blocks (256 at 32k tokens x top-8)."""
-    return min(BLOCK_PAIRS, max(256, triton.next_power_of_2(cdiv(n_pairs, 128))))
+    return min(BLOCK_PAIRS, max(256, next_power_of_2(cdiv(n_pairs, 128))))
 
 
 def route_and_scatter(
@@ -333,7 +333,7 @@ def route_and_scatter(
     n_pairs = T * K
     block_pairs = rank_block(n_pairs)
     n_blocks = cdiv(n_pairs, block_pairs)
-    e_pad = triton.next_power_of_2(E)
+    e_pad = next_power_of_2(E)
     # Scan programs: SCAN_EXPERTS experts each, one for all when nothing was ranked (no rank kernel then
     # zeroes the arrival counter, and there is nothing to scan).
     e_tile = min(e_pad, SCAN_EXPERTS) if n_blocks else e_pad
@@ -389,7 +389,7 @@ def _scatter(
         x.stride(0), ptr(out).stride(0), ptr(other).stride(0),
         ROUTE=route is not None, STORE=out is not None, WEIGHT=weighted,
         SCATTER_W=w_out is not None, DOT=dot is not None, SOURCES=sources is not None, BLOCK_PAIRS=block_pairs,
-        K_PAD=triton.next_power_of_2(K), BLOCK_H=block_h, ZERO_ROWS=ZERO_ROWS, ZERO_BLOCK_H=ZERO_BLOCK_H,
+        K_PAD=next_power_of_2(K), BLOCK_H=block_h, ZERO_ROWS=ZERO_ROWS, ZERO_BLOCK_H=ZERO_BLOCK_H,
         num_warps=TILE_WARPS if tiles else max(1, min(8, block_h // 256)),  # 8 columns a thread at least
     )
 
@@ -411,7 +411,7 @@ def gather_rows(src: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor | N
             src, out, rows, weights if weights is not None else src, vec if vec is not None else src,
             vec_out if vec_out is not None else src, H, K, src.stride(0), out.stride(0),
             WEIGHT=weights is not None, GATHER_VEC=vec is not None,
-            K_PAD=triton.next_power_of_2(K), BLOCK_H=_block_h(H, TILE_BLOCK_H), num_warps=TILE_WARPS,
+            K_PAD=next_power_of_2(K), BLOCK_H=_block_h(H, TILE_BLOCK_H), num_warps=TILE_WARPS,
         )
     return out
 

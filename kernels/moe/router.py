@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.device import cdiv, check_same_device
+from kernels.common.device import cdiv, check_same_device, next_power_of_2
 from kernels.common.launch import fast_launch
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -364,7 +364,7 @@ def router_forward(
     losses into the given buffers where there are some."""
     T, E = logits.shape
     K, device = config.topk, logits.device
-    e_pad = triton.next_power_of_2(E)
+    e_pad = next_power_of_2(E)
     block_t = _block_t(e_pad)
     n_blocks = cdiv(T, block_t)
     blocks_per_program = cdiv(n_blocks, MAX_PROGRAMS)
@@ -383,9 +383,9 @@ def router_forward(
     _router_fwd_kernel[(programs,)](
         logits, expert_bias if expert_bias is not None else logits, probs, ids, part_counts, part_probs, part_z,
         T, E, logits.stride(0), E // config.n_group, blocks_per_program, config.scaling_factor,
-        K=K, K_PAD=triton.next_power_of_2(K), E_PAD=e_pad, N_GROUP=config.n_group,
-        G_PAD=triton.next_power_of_2(config.n_group), TOPK_GROUP=config.topk_group, GROUP_PICK=config.group_pick,
-        GROUP_AXIS=e_pad == E and config.n_group == triton.next_power_of_2(config.n_group),
+        K=K, K_PAD=next_power_of_2(K), E_PAD=e_pad, N_GROUP=config.n_group,
+        G_PAD=next_power_of_2(config.n_group), TOPK_GROUP=config.topk_group, GROUP_PICK=config.group_pick,
+        GROUP_AXIS=e_pad == E and config.n_group == next_power_of_2(config.n_group),
         SIGMOID=config.score_func == "sigmoid", RENORMALIZE=config.renormalize, HAS_BIAS=expert_bias is not None,
         BLOCK_T=block_t, num_warps=ROUTER_WARPS, maxnreg=FWD_MAX_REGISTERS,
     )
@@ -404,7 +404,7 @@ def router_backward(logits: torch.Tensor, ids: torch.Tensor, counts: torch.Tenso
     T, E = logits.shape
     if grad_logits is None:
         grad_logits = torch.empty_like(logits)
-    e_pad = triton.next_power_of_2(E)
+    e_pad = next_power_of_2(E)
     block_t = _block_t(e_pad)
     if grad_probs is not None:
         grad_probs = grad_probs.contiguous()  # a sum's gradient arrives expanded (stride 0)
