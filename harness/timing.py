@@ -231,7 +231,8 @@ class Timer:
     def _time_events(self, calls: Sequence[Callable[[], object]]) -> Samples:
         """Each call's loop_ms: its kernels between events, queued behind a lead of GPU work (a spin as long
         as lead_seconds, the flush, and what is left of the previous call), and its host time on the clock (a
-        call that waits for the GPU, a host sync, waits out the lead and shows it)."""
+        call that waits out the lead, at a host sync or a full launch queue, is timed again from an idle
+        GPU)."""
         assert self._flush is not None
         starts = [torch.cuda.Event(enable_timing=True) for _ in calls]
         ends = [torch.cuda.Event(enable_timing=True) for _ in calls]
@@ -245,16 +246,31 @@ class Timer:
             lead = lead_seconds(host_s[-1] if host_s else None)
             torch.cuda._sleep(int(lead * self._clock_khz * 1e3))
             self._flush.zero_()
-            start.record()
-            began = perf_counter()
-            fn()
-            host_s.append(perf_counter() - began)
-            end.record()
+            host = self._record(fn, start, end)
+            if host > lead:
+                # The host waited out the lead: a host sync, or more launches than the stream's queue holds
+                # (about a thousand: a multi-layer step of torch ops), which blocked the host until the spin
+                # ended. Its clock then timed the spin, and the next lead (twice that) would again. Timed
+                # again from an idle GPU, as a loop that waits for its GPU runs it.
+                torch.cuda.synchronize(self.device)
+                self._flush.zero_()
+                host = self._record(fn, start, end)
+            host_s.append(host)
         torch.cuda.synchronize(self.device)
         gpu_ms = [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
         host_ms = [host * 1e3 for host in host_s]
         return Samples([loop_ms(gpu, host) for gpu, host in zip(gpu_ms, host_ms, strict=True)],
                        [host > gpu for gpu, host in zip(gpu_ms, host_ms, strict=True)])
+
+    @staticmethod
+    def _record(fn: Callable[[], object], start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        """fn between two events; its host seconds."""
+        start.record()
+        began = perf_counter()
+        fn()
+        host = perf_counter() - began
+        end.record()
+        return host
 
     def _capture(self, fn: Callable[[], object]) -> Callable[[], object]:
         """Capture one call into a CUDA graph (after warm-up on a side stream, as capture requires)."""

@@ -150,3 +150,25 @@ def test_a_gpu_bound_call_is_timed_at_its_gpu_time_its_shorter_host_time_hidden(
     assert spun.median_ms < alone + 0.3 * host_us / 1e3, \
         f"{spun.median_ms:.3f} ms with {host_us} us of host, {alone:.3f} ms without"
     assert spun.host_bound < 0.5
+
+
+@pytest.mark.gpu
+def test_a_call_of_more_launches_than_the_queue_holds_is_timed_as_a_loop_runs_it():
+    """1500 launches a call fill the stream's queue behind the GPU's lead, so the host blocks until the spin
+    ends: its clock timed the spin (and the next lead, twice that, up to 50 ms) where a loop of such calls
+    pays its host time. Such a call is timed again from an idle GPU: within 1.3x of the calls' wall clock."""
+    device = torch.device("cuda")
+    x = torch.zeros(16, device=device)
+
+    def many_launches() -> None:
+        for _ in range(1500):
+            x.add_(1)
+
+    timing = Timer(device, repeats=10, warmup=2).time(many_launches)
+    torch.cuda.synchronize(device)
+    began = time.perf_counter()
+    for _ in range(10):
+        many_launches()
+    torch.cuda.synchronize(device)
+    wall_ms = (time.perf_counter() - began) / 10 * 1e3
+    assert timing.median_ms < 1.3 * wall_ms, f"{timing.median_ms:.2f} ms timed, {wall_ms:.2f} ms a call on the clock"
