@@ -10,7 +10,9 @@ DeepSeek-V3's (256 experts, sigmoid, 8 groups, 4 kept, top-8, a selection bias) 
 an eighth of the experts favoured, the load-balancing and z-losses in the loss. With CUDA events
 a call's host time shows where it exceeds its GPU time (Triton binds each launch in 50-120 us on the
 lent host: permute is three launches); the router's rows end with a one-op graph's backward(), the
-autograd engine's fixed cost that each fwd+bwd row pays (a training step pays it once); `--mode
+autograd engine's fixed cost that each fwd+bwd row pays. A training step pays it once for all its
+layers: the "layers a backward()" row routes LAYERS layers' logits in one forward and one backward()
+and reports the time per layer, as a model's step sees each router (both sides the same way); `--mode
 cuda-graph` replays captured calls, the GPU time alone.
 
     python benchmarks/moe_ops.py --csv moe_ops.csv [--mode cuda-graph] [--ops router]"""
@@ -136,45 +138,62 @@ def rows_for_shape(shape: Shape, timer: Timer, copy_timer: Timer) -> list[dict[s
 ROUTER_TOKENS = (4096, 32768)
 
 
-def router_rows(tokens: int, timer: Timer) -> list[dict[str, object]]:
+# Routers a step's "layers a backward()" row runs: DeepSeek-V3 has 58 MoE layers, a pipeline stage of
+# 8-16 GPUs holds several.
+LAYERS = 8
+
+Router = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def router_rows(tokens: int, timer: Timer, device: torch.device) -> list[dict[str, object]]:
     """DeepSeek-V3's router, forward alone and forward + backward (from upstream gradients of the
-    probabilities and both auxiliary losses), against torch_route on the same bf16 logits."""
-    device = torch.device("cuda")
+    probabilities and both auxiliary losses), against torch_route on the same bf16 logits; and forward +
+    backward of LAYERS layers' routers in one backward(), per layer."""
     config = RouterConfig.deepseek_v3()
     E, K = config.num_experts, config.topk
     g = torch.Generator(device=device).manual_seed(0)
-    logits = torch.randn(tokens, E, generator=g, device=device)
-    logits[:, : E // 8] += 1.0
-    logits = logits.bfloat16().requires_grad_()
+    layer_logits = []
+    for _ in range(LAYERS):
+        logits = torch.randn(tokens, E, generator=g, device=device)
+        logits[:, : E // 8] += 1.0
+        layer_logits.append(logits.bfloat16().requires_grad_())
+    logits = layer_logits[0]
     bias = 0.05 * torch.randn(E, generator=g, device=device)
     grad_probs = torch.randn(tokens, K, generator=g, device=device)
 
-    def ours() -> tuple[torch.Tensor, ...]:
-        r = route(logits, config, bias)
+    def ours(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        r = route(x, config, bias)
         return r.probs, r.aux_loss, r.z_loss
 
-    def theirs() -> tuple[torch.Tensor, ...]:
-        probs, _, _, aux_loss, z_loss = torch_route(logits, config, bias)
+    def theirs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        probs, _, _, aux_loss, z_loss = torch_route(x, config, bias)
         return probs, aux_loss, z_loss
 
     # The upstream gradients of the three outputs, as a model's loss would hand them back: the backward
     # starts from them (the loss's own ops are the model's work, not the router's).
     grads = (grad_probs, torch.tensor(0.01, device=device), torch.tensor(0.001, device=device))
 
-    def step(forward: Callable[[], tuple[torch.Tensor, ...]]) -> Callable[[], None]:
+    def step(router: Router, inputs: list[torch.Tensor]) -> Callable[[], None]:
+        """Each input's router forward, then one backward() through all of them."""
         def run() -> None:
-            logits.grad = None
-            torch.autograd.backward(forward(), grads)
+            outputs = []
+            for x in inputs:
+                x.grad = None
+                outputs += router(x)
+            torch.autograd.backward(outputs, grads * len(inputs))
         return run
 
     # forward: the logits read, probabilities and ids written; backward: the logits read, their gradient written
     fwd_bytes = tokens * E * logits.element_size() + tokens * K * 8
     bwd_bytes = 2 * tokens * E * logits.element_size() + tokens * K * 8
-    passes = [("router fwd", ours, theirs, fwd_bytes),
-              ("router fwd+bwd", step(ours), step(theirs), fwd_bytes + bwd_bytes)]
+    # (pass, ours, torch's, bytes, routers a call)
+    passes = [("router fwd", lambda: ours(logits), lambda: theirs(logits), fwd_bytes, 1),
+              ("router fwd+bwd", step(ours, [logits]), step(theirs, [logits]), fwd_bytes + bwd_bytes, 1),
+              (f"router fwd+bwd, {LAYERS} layers a backward(), per layer", step(ours, layer_logits),
+               step(theirs, layer_logits), fwd_bytes + bwd_bytes, LAYERS)]
     rows = []
-    for name, mine, torch_impl, nbytes in passes:
-        t_ours, t_torch = timer.time(mine).median_ms, timer.time(torch_impl).median_ms
+    for name, mine, torch_impl, nbytes, routers in passes:
+        t_ours, t_torch = timer.time(mine).median_ms / routers, timer.time(torch_impl).median_ms / routers
         rows.append({
             "label": f"dsv3 T{tokens} E{E}", "pass": name, "ours_ms": t_ours, "ours_GBps": nbytes / t_ours / 1e6,
             "copy_GBps": float("nan"), "of_copy": float("nan"), "anchor": "torch", "anchor_ms": t_torch,
@@ -214,7 +233,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     for tokens in ROUTER_TOKENS:
         if "router" in ops and args.only in f"dsv3 T{tokens}":
-            rows += router_rows(tokens, timer)
+            rows += router_rows(tokens, timer, device)
     report(rows, f"MoE permute / unpermute (bf16, top-8, hidden 7168) and router ({args.mode})",
            ("label", "pass", "ours_ms", "ours_GBps", "copy_GBps", "of_copy", "anchor_GBps", "ratio"), args.csv)
 
