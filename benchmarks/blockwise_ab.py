@@ -12,6 +12,8 @@ table's config (narrowed to 128 wide, as the ops' Triton fallback runs it) and t
 128-wide tile and its rescaled 256-wide one). Each round times every
 variant once, back to back in an order of its own (passes_report.interleaved_rounds), so all see the
 same GPU state; the rounds' median is the sustained figure, their max what a cool GPU gives.
+`--ping-pong both` times each warp-specialized forward with its consumers' MMAs issued in turns and
+without (blockwise_mm's ping_pong; the forward's ops take turns, the dgrad's do not).
 
     python benchmarks/blockwise_ab.py --rounds 5 --csv blockwise_ab.csv
     python benchmarks/blockwise_ab.py --pass wgrad --rounds 5 --csv blockwise_wgrad_ab.csv
@@ -20,6 +22,7 @@ same GPU state; the rounds' median is the sustained figure, their max what a coo
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from collections.abc import Callable
 
@@ -53,7 +56,7 @@ TRITON_CONFIG = TileConfig(128, 128, 128, 8, 8, 4)  # the Triton kernel's best (
 
 
 def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[int],
-             block_ns: list[int]) -> dict[str, Callable]:
+             block_ns: list[int], ping_pongs: list[bool]) -> dict[str, Callable]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -74,8 +77,9 @@ def variants(G: int, M: int, N: int, K: int, stages: list[int], group_ms: list[i
                     continue  # 128x256 tiles fit 4 stages at most
                 if not blockwise_ws.supported(xq, wq, out, scales, cfg):
                     raise SystemExit("the warp-specialized blockwise kernel needs a Hopper GPU (sm_90)")
-                runs[f"ws 128x{block_n} s{s} GROUP_M {gm}"] = (
-                    lambda c=cfg: blockwise_ws.blockwise_mm(xq, wq, out, scales, c, offs))
+                for turns in ping_pongs:
+                    name = f"ws 128x{block_n} s{s} GROUP_M {gm}" + (" in turns" if turns else "")
+                    runs[name] = lambda c=cfg, t=turns: blockwise_ws.blockwise_mm(xq, wq, out, scales, c, offs, t)
     return runs
 
 
@@ -130,11 +134,15 @@ def main() -> None:
     parser.add_argument("--block-n", type=int, nargs="+", default=[128, 256],
                         help="the warp-specialized kernel's tile widths (the wgrad's stop at 128)")
     parser.add_argument("--pass", dest="pass_name", choices=("fwd", "wgrad"), default="fwd")
+    parser.add_argument("--ping-pong", choices=("on", "off", "both"), default="on",
+                        help="the forward's consumers issuing their MMAs in turns, or not, or both")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
+    ping_pongs = {"on": [True], "off": [False], "both": [True, False]}[args.ping_pong]
     timer = Timer(torch.device("cuda"), repeats=args.repeats, warmup=3)
     rows = []
-    shapes, make = (WGRAD_SHAPES, wgrad_variants) if args.pass_name == "wgrad" else (SHAPES, variants)
+    shapes, make = (WGRAD_SHAPES, wgrad_variants) if args.pass_name == "wgrad" else (
+        SHAPES, functools.partial(variants, ping_pongs=ping_pongs))
     for label, (G, M, N, K) in shapes.items():
         runs = make(G, M, N, K, args.stages, args.group_m, args.block_n)
         tflops = {name: [2.0 * M * N * K / ms / 1e9 for ms in samples]

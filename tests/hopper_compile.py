@@ -179,7 +179,8 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
     """The warp-specialized blockwise FP8 GEMM (128 x block_n tiles) as the ops launch it: M-grouped
     (the forward and the dgrad: A's scales [rows, K blocks], the weight's [G, N blocks, K blocks]) or the
     token reduction (the wgrad: both operands' scales [token blocks, rows]) into bf16, or adding into a
-    main_grad (`c_type`, default an fp32 one); with the shared memory it takes (the H100 gives a CTA 227 KB)."""
+    main_grad (`c_type`, default an fp32 one); with the shared memory it takes (the H100 gives a CTA 227 KB).
+    The M-grouped walk as the forward launches it, its consumers in turns (PING_PONG)."""
     def descriptor(rows: int) -> str:
         return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
     types = {"a_desc": descriptor(64), "b_desc": descriptor(block_n),
@@ -187,7 +188,8 @@ def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int =
              "offs_ptr": "*i64"}
     unit_strides = {"stride_sam": 1, "stride_sbn": 1} if token_reduction else {"stride_sak": 1, "stride_sbk": 1}
     constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True,
-                 "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132} | unit_strides
+                 "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132,
+                 "PING_PONG": not token_reduction} | unit_strides
     compiled = _compile(_blockwise_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}

@@ -110,8 +110,9 @@ CASES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ping_pong", [True, False], ids=["in-turns", "free"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_float64_on_its_operands(name):
+def test_matches_float64_on_its_operands(name, ping_pong):
     lens, N, K, a_dtype, block_n, stages = CASES[name]
     torch.manual_seed(len(name))
     G, M = len(lens), sum(lens)
@@ -122,7 +123,7 @@ def test_matches_float64_on_its_operands(name):
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert blockwise_ws.supported(aq, bq, out, scales, cfg)
     offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int64)
-    blockwise_ws.blockwise_mm(aq, bq, out, scales, cfg, offs if G > 1 else None)
+    blockwise_ws.blockwise_mm(aq, bq, out, scales, cfg, offs if G > 1 else None, ping_pong)
     assert not out.isnan().any()
     assert snr_db(out, grouped_reference(aq, sa, bq, sb, lens, 128)) >= 45.0  # bf16 rounding of the output
 

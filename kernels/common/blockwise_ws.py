@@ -205,11 +205,35 @@ def _block_scales(sa_ptrs, sb_ptrs, kb, row_ok, has_hi, stride_sak, stride_sbn, 
 
 
 @gluon.jit
-def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+def _await_turn(turns, it, HALF: gl.constexpr, STAGES: gl.constexpr, PING_PONG: gl.constexpr):
+    """PING_PONG (the M-grouped walk; see blockwise_mm): the consumers issue their MMAs in turns, consumer 0's
+    of step `it`, then consumer 1's, then consumer 0's of step it + 1: consumer 1 waits for consumer 0's
+    issue of the same step (turns[it % STAGES]), consumer 0 for consumer 1's of the step before
+    (turns[STAGES + (it - 1) % STAGES], which a fresh barrier passes at it = 0). The tensor cores run the
+    MMAs in the order they were issued, so one consumer's finish while the other's run and its rescaling
+    overlaps them, where two issued at once would share the tensor cores and finish together."""
+    if PING_PONG:
+        if HALF == 1:
+            mbarrier.wait(turns.index(it % STAGES), (it // STAGES) & 1)
+        else:
+            before = it + STAGES - 1
+            mbarrier.wait(turns.index(STAGES + before % STAGES), (before // STAGES + 1) & 1)
+
+
+@gluon.jit
+def _pass_turn(turns, it, HALF: gl.constexpr, STAGES: gl.constexpr, PING_PONG: gl.constexpr):
+    """After this consumer issued step `it`'s MMA: the other consumer's turn (see _await_turn)."""
+    if PING_PONG:
+        mbarrier.arrive(turns.index(HALF * STAGES + it % STAGES), count=1)
+
+
+@gluon.jit
+def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                   TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+                   TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
+                   PING_PONG: gl.constexpr):
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
@@ -312,8 +336,10 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
                 # Rescaled before the wait: the FMULs hide behind it and the other warpgroup's MMA.
                 acc = acc * ratio
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                _await_turn(turns, it, HALF, STAGES, PING_PONG)
                 acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
                                     is_async=True)
+                _pass_turn(turns, it, HALF, STAGES, PING_PONG)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(free.index(s), count=1)
                 it += 1
@@ -342,7 +368,8 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_pt
 def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                          BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                         TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+                         TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
+                         PING_PONG: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # The wide token reduction's column ratios and scales, two rows a stage (see _mma_partition); a token
@@ -353,16 +380,22 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # Each consumer's MMA issues, a barrier a stage (see _await_turn).
+    turns = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(turns.index(s), count=1)
+        mbarrier.init(turns.index(STAGES + s), count=1)
     gl.warp_specialize([
-        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
-        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS)),
+        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N,
+                          K, G, stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS,
+                          PING_PONG)),
+        (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N,
+                          K, G, stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                          1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS,
+                          PING_PONG)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
                            stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION,
                            NUM_PROGRAMS)),
@@ -440,7 +473,7 @@ def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
 
 def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
             offs: torch.Tensor | None, M: int, N: int, K: int, G: int, tiles: int, token_reduction: bool,
-            accumulate: bool) -> torch.Tensor:
+            accumulate: bool, ping_pong: bool) -> torch.Tensor:
     programs = persistent_programs(a.device, tiles)
     bind_context(a.device)
     _blockwise_ws_kernel[(programs,)](
@@ -449,25 +482,29 @@ def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Sc
         M, N, K, G,
         out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,
         BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, GROUPED=offs is not None,
-        TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs, num_warps=4,
+        TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs,
+        PING_PONG=ping_pong, num_warps=4,
     )
     return out
 
 
 def blockwise_mm(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
-    offs: torch.Tensor | None = None,
+    offs: torch.Tensor | None = None, ping_pong: bool = False,
 ) -> torch.Tensor:
     """out[rows_g] = (a[rows_g] @ b[g]^T) promoted per 128-wide K block: a [M, K], b [G, N, K], both fp8
     K-major, out [M, N]. `offs` (int64 [G + 1], on the device) bounds the groups; None: one group, all
     of a's rows. The tile is 128 x cfg.BLOCK_N, walked in cfg.GROUP_M bands, cfg.num_stages deep.
+    `ping_pong`: the consumers issue their MMAs in turns (_await_turn), what the forward takes: DeepSeek-V3's
+    forwards ran 1.02-1.06x in turns (GateUP 1278 -> 1350 TFLOPS, 3 stages), their dgrads 0.97-0.98x, the
+    token reduction (which never takes turns) 0.90-0.99x (benchmarks/blockwise_ab.py, H100, 2026-11-27).
     Check `supported` first."""
     (M, K), (G, N, _) = a.shape, b.shape
     if M == 0 or N == 0:
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
     tiles = (cdiv(M, BLOCK_M.value) + G) * cdiv(N, cfg.BLOCK_N)
-    return _launch(a, _as_rows(b), out, scales, cfg, offs, M, N, K, G, tiles, False, False)
+    return _launch(a, _as_rows(b), out, scales, cfg, offs, M, N, K, G, tiles, False, False, ping_pong)
 
 
 def blockwise_token_mm(
@@ -484,4 +521,4 @@ def blockwise_token_mm(
     if P == 0 or Q == 0 or G == 0:
         return out
     tiles = G * cdiv(P, BLOCK_M.value) * cdiv(Q, cfg.BLOCK_N)
-    return _launch(x, y, out, scales, cfg, offs, P, Q, K, G, tiles, True, accumulate)
+    return _launch(x, y, out, scales, cfg, offs, P, Q, K, G, tiles, True, accumulate, False)

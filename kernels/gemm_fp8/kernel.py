@@ -116,7 +116,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
     # grouped kernel, whose epilogue works in registers.
     if not accumulate and blockwise_ws.supported(a, b[None], out, scales, cfg):
-        return blockwise_ws.blockwise_mm(a, b[None], out, scales, cfg)
+        return blockwise_ws.blockwise_mm(a, b[None], out, scales, cfg, ping_pong=pass_name == "fwd")
     if scales.per_k_block:
         cfg = blockwise_ws.triton_tile(cfg)
     if not accumulate and tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:

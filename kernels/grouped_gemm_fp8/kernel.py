@@ -206,7 +206,7 @@ def m_grouped_fp8(
     )
     cfg = config_for(pass_name, out.shape[0], weight.data.shape[0], granularity, weight.data.shape[1:])
     if row_index is None and blockwise_ws.supported(xq, weight.data, out, scales, cfg):
-        blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs)
+        blockwise_ws.blockwise_mm(xq, weight.data, out, scales, cfg, offs, ping_pong=pass_name == "fwd")
     else:
         grouped_mm(xq, weight.data, offs, out, blockwise_ws.triton_tile(cfg) if scales.per_k_block else cfg, scales,
                    layout=layout, a_rows=row_index)
