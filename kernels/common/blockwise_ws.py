@@ -7,8 +7,9 @@ and its CTA-wide barriers keep its warpgroups in step: the FMAs of promotion nev
 
 Here the roles are split (DeepGEMM's design): one producer warp streams A and B tiles through a ring
 of shared-memory stages with TMA, and two consumer warpgroups, each owning 64 rows of the 128-row
-tile, issue the MMA of a stage, release the stage, and scale. The two consumers synchronize only
-through the stage barriers, so while one scales the other's MMA runs.
+tile, issue the MMA of a stage, release the stage, and scale. The two consumers synchronize through
+the stage barriers, and in the forward through a pair of turn barriers a stage that orders their MMAs
+(ping-pong), so while one scales the other's MMA runs.
 
 The M-grouped walk keeps one accumulator: the sum so far divided by the current K block's scale, so
 each block's MMA adds its raw product into it (rescaled by previous / current scale first). That is
@@ -16,9 +17,9 @@ what lets a consumer own a 64x256 tile (128 registers a thread, where a sum and 
 would need 256): 128x256 tiles read each A tile once per 256 columns and halve the stage traffic per
 FLOP, as the rowwise kernels' tiles do. The token reduction scales per column as well (an outer
 product of scales): up to 128 wide it keeps each block's product separate and promotes it; at 256 wide
-it keeps one accumulator too, rescaled by an outer product of row ratios and column ratios, the latter
-computed by the producer warp into shared memory (a 256-wide column vector would take 64 registers a
-consumer thread), and an accumulating sum starts from C.
+the consumers split the tile by columns (128 each, all 128 rows), each keeping rescaled sums too, by an
+outer product of row ratios and column ratios, the latter computed by the producer warp into shared
+memory, and an accumulating sum starts from C.
 
 One kernel, two ways to group (TOKEN_REDUCTION picks):
 
@@ -228,12 +229,129 @@ def _pass_turn(turns, it, HALF: gl.constexpr, STAGES: gl.constexpr, PING_PONG: g
 
 
 @gluon.jit
+def _store_tile(c_ptr, acc, g, first_row, col0, row_end, N, stride_cg, stride_cm, ROWS: gl.constexpr,
+                COLS: gl.constexpr, layout: gl.constexpr):
+    """C[g]'s [ROWS, COLS] tile at (first_row, col0) = acc, stored in `layout`, masked at the edges."""
+    rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(rows.to(gl.int64) * stride_cm, 1)
+            + gl.expand_dims(cols, 0))
+    mask = gl.expand_dims(rows < row_end, 1) & gl.expand_dims(cols < N, 0)
+    gl.store(ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), layout), mask=mask)
+
+
+@gluon.jit
+def _wide_token_tiles(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, offs_ptr, M, N, K, G,
+                      stride_cg, stride_cm, stride_sam, stride_sak, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+                      ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+    """A consumer's part of the token reduction on tiles wider than a scale block (128 x BLOCK_N): B is
+    scaled per row (column of C) and 128-token block too, so each block's product is promoted by an outer
+    product of scales. The consumers split the tile by columns: each takes its BLOCK_N / 2 columns over all
+    128 rows, as two 64-row accumulators, each the sum so far divided by the current block's row scale and
+    column scale, rescaled before each block's MMAs by the row ratios (previous / current, here) and the
+    column ratios (the producer's, through shared memory), and by the last block's scales at the end.
+    Split by rows (64 x 256 a consumer, until 2026-11-27), each read the whole B tile and twice the column
+    ratios a thread; split by columns a block reads a fifth less shared memory (1.00-1.02x on bf16 outputs,
+    bit for bit the same), a 64-row output tile half as wide leaves room for 4 stages, and the sums fit
+    beside an fp32 C without spills (the row split spilled there, so fp32 outputs took 128x128: 1.35x that
+    on a dense 8192^3 wgrad into an fp32 main_grad; H100, scratch A/B, docs/performance.md). ACCUMULATE: the
+    sums start from C (in units of 1, the scales before the first block), which leaves the epilogue no C to
+    hold beside them."""
+    COLS: gl.constexpr = BLOCK_N // 2
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, COLS, 32])
+    # 16-byte stores and C reads: each thread 8 consecutive elements of a row.
+    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // COLS, COLS // 8],
+                                                  warps_per_cta=[4, 1], order=[1, 0])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+    tile = gl.program_id(0)
+    it = 0
+    g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+        tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, True)
+    while g < G:
+        cols0 = col0 + HALF * COLS
+        top = row0 + gl.arange(0, HALF_M, layout=row_layout)
+        bottom = top + HALF_M
+        first_block = k0 // BLOCK_K
+        top_ptrs = sa_ptr + top.to(gl.int64) * stride_sam + first_block * stride_sak
+        bottom_ptrs = sa_ptr + bottom.to(gl.int64) * stride_sam + first_block * stride_sak
+        top_ok = top < row_end
+        bottom_ok = bottom < row_end
+        prev_top = gl.full([HALF_M], 1.0, gl.float32, row_layout)
+        prev_bottom = prev_top
+        sa_top = gl.load(top_ptrs, mask=top_ok & (k_tiles > 0), other=1.0)
+        sa_bottom = gl.load(bottom_ptrs, mask=bottom_ok & (k_tiles > 0), other=1.0)
+        if ACCUMULATE:  # C read in 16-byte rows, then moved into the accumulators' layout (4 bytes a thread)
+            acc_top = gl.convert_layout(_c_tile(c_ptr, g, row0, cols0, row_end, N, stride_cg, stride_cm, HALF_M, COLS,
+                                                gl.SliceLayout(1, store_layout), gl.SliceLayout(0, store_layout)),
+                                        mma_layout).to(gl.float32)
+            acc_bottom = gl.convert_layout(_c_tile(c_ptr, g, row0 + HALF_M, cols0, row_end, N, stride_cg, stride_cm,
+                                                   HALF_M, COLS, gl.SliceLayout(1, store_layout),
+                                                   gl.SliceLayout(0, store_layout)), mma_layout).to(gl.float32)
+        else:
+            acc_top = gl.zeros([HALF_M, COLS], gl.float32, mma_layout)
+            acc_bottom = gl.zeros([HALF_M, COLS], gl.float32, mma_layout)
+        for kb in range(k_tiles):
+            s = it % STAGES
+            cur_top = gl.maximum(sa_top, MIN_SCALE)
+            cur_bottom = gl.maximum(sa_bottom, MIN_SCALE)
+            ratio_top = gl.expand_dims(prev_top / cur_top, 1)
+            ratio_bottom = gl.expand_dims(prev_bottom / cur_bottom, 1)
+            prev_top = cur_top
+            prev_bottom = cur_bottom
+            following = gl.minimum(kb + 1, k_tiles - 1)  # the next block's row scales, loaded a block ahead
+            sa_top = gl.load(top_ptrs + following * stride_sak, mask=top_ok, other=1.0)
+            sa_bottom = gl.load(bottom_ptrs + following * stride_sak, mask=bottom_ok, other=1.0)
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            ratio_cols = gl.expand_dims(ratio_bufs.index(2 * s).slice(HALF * COLS, COLS).load(col_layout), 0)
+            acc_top = acc_top * ratio_top * ratio_cols
+            acc_bottom = acc_bottom * ratio_bottom * ratio_cols
+            b_cols = b_bufs.index(s).slice(HALF * COLS, COLS).permute((1, 0))
+            acc_top = warpgroup_mma(a_bufs.index(2 * s), b_cols, acc_top, is_async=True)
+            acc_bottom = warpgroup_mma(a_bufs.index(2 * s + 1), b_cols, acc_bottom, is_async=True)
+            acc_top, acc_bottom = warpgroup_mma_wait(num_outstanding=0, deps=(acc_top, acc_bottom))
+            # The last block's stage stays held until its column scales are read, below.
+            mbarrier.arrive(free.index(s), count=1, pred=kb < k_tiles - 1)
+            it += 1
+        last = (it + STAGES - 1) % STAGES
+        last_b = gl.expand_dims(gl.where(k_tiles > 0, ratio_bufs.index(2 * last + 1).slice(HALF * COLS, COLS)
+                                         .load(col_layout), 1.0), 0)
+        mbarrier.arrive(free.index(last), count=1, pred=k_tiles > 0)
+        _store_tile(c_ptr, acc_top * gl.expand_dims(prev_top, 1) * last_b, g, row0, cols0, row_end, N, stride_cg,
+                    stride_cm, HALF_M, COLS, store_layout)
+        _store_tile(c_ptr, acc_bottom * gl.expand_dims(prev_bottom, 1) * last_b, g, row0 + HALF_M, cols0, row_end,
+                    N, stride_cg, stride_cm, HALF_M, COLS, store_layout)
+        tile += NUM_PROGRAMS
+        g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+            tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, True)
+
+
+@gluon.jit
 def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                    stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
                    TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
                    PING_PONG: gl.constexpr):
+    if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+        _wide_token_tiles(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, offs_ptr, M, N, K, G, stride_cg,
+                          stride_cm, stride_sam, stride_sak, HALF, BLOCK_N, GROUP_M, STAGES, GROUPED, ACCUMULATE,
+                          NUM_PROGRAMS)
+    else:
+        _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G, stride_cg, stride_cm,
+               stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, HALF, BLOCK_N, GROUP_M, STAGES, GROUPED,
+               TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS, PING_PONG)
+
+
+@gluon.jit
+def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G, stride_cg, stride_cm,
+           stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+           GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr,
+           ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr, PING_PONG: gl.constexpr):
+    """A consumer's part of the M-grouped walk and of the token reduction up to a scale block wide: its 64
+    rows of each tile."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
     # 16-byte stores: each thread writes 8 consecutive elements of a row.
@@ -251,42 +369,7 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr
         row_ok = rows < row_end
         first_block = k0 // BLOCK_K
         sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam + first_block * stride_sak
-        if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
-            # B is scaled per row (column of C) and 128-token block too: one accumulator holds the sum so
-            # far divided by the current block's row scale and column scale (an outer product), rescaled
-            # before each block's MMA by the row ratios (previous / current, here) and the column ratios
-            # (the producer's, through shared memory: a 256-wide column vector would take 64 registers a
-            # thread, twice, beside the accumulator's 128), and by the last block's scales at the end.
-            # ACCUMULATE: the sum starts from C (in units of 1, the scales before the first block), which
-            # leaves the epilogue no C to add beside the accumulator (256 registers a thread).
-            prev_a = gl.full([HALF_M], 1.0, gl.float32, row_layout)
-            sa = gl.load(sa_ptrs, mask=row_ok & (k_tiles > 0), other=1.0)
-            if ACCUMULATE:
-                # read in 16-byte rows, then moved into the accumulator's layout (its own is 4 bytes a thread)
-                c_tile = _c_tile(c_ptr, g, row0 + HALF * HALF_M, col0, row_end, N, stride_cg, stride_cm, HALF_M,
-                                 BLOCK_N, gl.SliceLayout(1, store_layout), gl.SliceLayout(0, store_layout))
-                acc = gl.convert_layout(c_tile, mma_layout).to(gl.float32)
-            else:
-                acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
-            for kb in range(k_tiles):
-                s = it % STAGES
-                cur_a = gl.maximum(sa, MIN_SCALE)
-                ratio_a = gl.expand_dims(prev_a / cur_a, 1)
-                prev_a = cur_a
-                sa = gl.load(sa_ptrs + gl.minimum(kb + 1, k_tiles - 1) * stride_sak, mask=row_ok, other=1.0)
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = acc * ratio_a * gl.expand_dims(ratio_bufs.index(2 * s).load(col_layout), 0)
-                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
-                                    is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                # The last block's stage stays held until its column scales are read, below.
-                mbarrier.arrive(free.index(s), count=1, pred=kb < k_tiles - 1)
-                it += 1
-            last = (it + STAGES - 1) % STAGES
-            last_b = gl.where(k_tiles > 0, ratio_bufs.index(2 * last + 1).load(col_layout), 1.0)
-            mbarrier.arrive(free.index(last), count=1, pred=k_tiles > 0)
-            acc = acc * gl.expand_dims(prev_a, 1) * gl.expand_dims(last_b, 0)
-        elif TOKEN_REDUCTION:  # B is scaled per row (column of C) and 128-token block too
+        if TOKEN_REDUCTION:  # B is scaled per row (column of C) and 128-token block too
             cols = col0 + gl.arange(0, BLOCK_N, layout=col_layout)
             col_ok = cols < N
             # A scalar base and int32 offsets: a tensor of 64-bit pointers would hold 64 registers a thread.
@@ -352,8 +435,9 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr
         c_ptrs = (c_ptr + g.to(gl.int64) * stride_cg + gl.expand_dims(out_rows.to(gl.int64) * stride_cm, 1)
                   + gl.expand_dims(out_cols, 0))
         mask = gl.expand_dims(out_rows < row_end, 1) & gl.expand_dims(out_cols < N, 0)
-        # ACCUMULATE: summed in fp32, rounded once (the wide token reduction's sum started from C).
-        if ACCUMULATE and not _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+        # ACCUMULATE: summed in fp32, rounded once (a masked read of C: clamped reads, _c_tile's, ran the
+        # 128-wide token reduction 2-8% slower).
+        if ACCUMULATE:
             out = gl.convert_layout(acc, out_layout) + gl.load(c_ptrs, mask=mask, other=0.0).to(gl.float32)
             gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
         else:
@@ -417,16 +501,18 @@ def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
 def shared_bytes(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> int:
     """An upper bound of the shared memory a launch takes (tests/hopper_compile.py checks it against the
     compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each),
-    one consumer's output tile, through which the epilogue changes layout, the wide token reduction's
-    column ratios and scales (two fp32 rows a stage), and 1 KB for the barriers."""
-    ratios = 2 * stages * block_n * 4 if _rescales_columns(token_reduction, block_n) else 0
-    return (stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * block_n * out_element_size
+    one consumer's 64-row output tile (all block_n columns, or its half of them in the wide token
+    reduction), through which the epilogue changes layout, the wide token reduction's column ratios and
+    scales (two fp32 rows a stage), and 1 KB for the barriers."""
+    wide = _rescales_columns(token_reduction, block_n)
+    ratios = 2 * stages * block_n * 4 if wide else 0
+    out_cols = block_n // 2 if wide else block_n
+    return (stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * out_cols * out_element_size
             + ratios + 1024)
 
 
 def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> bool:
-    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most M-grouped, 3 as
-    the token reduction)."""
+    """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most)."""
     return shared_bytes(block_n, stages, out_element_size, token_reduction) <= SHARED_MEMORY_BYTES
 
 
@@ -442,27 +528,18 @@ def triton_tile(cfg: TileConfig) -> TileConfig:
     return cfg
 
 
-def token_reduction_tile(cfg: TileConfig, out: torch.Tensor) -> TileConfig:
-    """The token reduction's config for the table's `cfg` into `out`: 256 wide only into 2-byte outputs (an fp32
-    main_grad, whose tile the 256-wide sum starts from, spills registers there), else the promoting tile's
-    width, the Triton kernels' (triton_tile)."""
-    return cfg if out.element_size() <= 2 else triton_tile(cfg)
-
-
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
               token_reduction: bool = False) -> bool:
     """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
     blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128 blocks
     along the tokens, as a's). Both want a Hopper GPU (not the interpreter), fp8 operands TMA reads
     K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
-    with BLOCK_N 64, 128 or 256 (the token reduction: into a 2-byte output, see token_reduction_tile), and
-    stages that fit in shared memory."""
+    with BLOCK_N 64, 128 or 256, and stages that fit in shared memory."""
     # The cheap tests first: the rowwise and tensorwise passes ask on every call, and leave at the first.
     return (
         scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in (64, 128, 256)
-        and (not token_reduction or token_reduction_tile(cfg, out) is cfg)
         and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction)
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and is_hopper(a.device)
         and a.dtype in _FP8_DTYPES and b.dtype in _FP8_DTYPES and a.shape[-1] > 0

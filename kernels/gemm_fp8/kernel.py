@@ -109,9 +109,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
         return out
     cfg = config_for(pass_name, M, N, granularity)
     # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
-    token_cfg = blockwise_ws.token_reduction_tile(cfg, out)
-    if blockwise_ws.supported(a, b, out, scales, token_cfg, token_reduction=True):
-        return blockwise_ws.blockwise_token_mm(a, b, out, scales, token_cfg, accumulate=accumulate)
+    if blockwise_ws.supported(a, b, out, scales, cfg, token_reduction=True):
+        return blockwise_ws.blockwise_token_mm(a, b, out, scales, cfg, accumulate=accumulate)
     # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
     # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
     # grouped kernel, whose epilogue works in registers.

@@ -238,9 +238,8 @@ def vark_fp8(
     cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
     if granularity == Granularity.BLOCKWISE:
         token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
-        token_cfg = blockwise_ws.token_reduction_tile(cfg, out)
-        if blockwise_ws.supported(xt, yt, out, token_scales, token_cfg, token_reduction=True):
-            blockwise_ws.blockwise_token_mm(xt, yt, out, token_scales, token_cfg, padded_offs, accumulate)
+        if blockwise_ws.supported(xt, yt, out, token_scales, cfg, token_reduction=True):
+            blockwise_ws.blockwise_token_mm(xt, yt, out, token_scales, cfg, padded_offs, accumulate)
             return
         cfg = blockwise_ws.triton_tile(cfg)
     grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)
