@@ -179,6 +179,19 @@ def _c_tile(c_ptr, g, first_row, col0, row_end, N, stride_cg, stride_cm, ROWS: g
 
 
 @gluon.constexpr_function
+def _mma_layout(cols):
+    """A consumer warpgroup's fp8 wgmma accumulator, 64 rows x `cols`."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 32])
+
+
+@gluon.constexpr_function
+def _row_pieces_layout(cols):
+    """A 64 x `cols` tile in 16-byte row pieces: each thread 8 consecutive elements of a row (stores, C's reads)."""
+    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // cols, cols // 8], warps_per_cta=[4, 1],
+                            order=[1, 0])
+
+
+@gluon.constexpr_function
 def _out_layout(out_dtype, block_n, mma_layout, store_layout):
     """The epilogue's layout: 16-byte rows (store_layout), or for fp32 out of a 256-wide tile the
     accumulator's own (each thread's column pairs, 8 bytes), as converting its 128 registers a thread
@@ -259,11 +272,8 @@ def _wide_token_tiles(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, of
     sums start from C (in units of 1, the scales before the first block), which leaves the epilogue no C to
     hold beside them."""
     COLS: gl.constexpr = BLOCK_N // 2
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, COLS, 32])
-    # 16-byte stores and C reads: each thread 8 consecutive elements of a row.
-    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // COLS, COLS // 8],
-                                                  warps_per_cta=[4, 1], order=[1, 0])
+    mma_layout: gl.constexpr = _mma_layout(COLS)
+    store_layout: gl.constexpr = _row_pieces_layout(COLS)  # the stores and C's reads
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tile = gl.program_id(0)
@@ -352,11 +362,8 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
            ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr, PING_PONG: gl.constexpr):
     """A consumer's part of the M-grouped walk and of the token reduction up to a scale block wide: its 64
     rows of each tile."""
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 32])
-    # 16-byte stores: each thread writes 8 consecutive elements of a row.
-    store_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_N,
-                                                  BLOCK_N // 8], warps_per_cta=[4, 1], order=[1, 0])
+    mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
+    store_layout: gl.constexpr = _row_pieces_layout(BLOCK_N)
     out_layout: gl.constexpr = _out_layout(c_ptr.dtype.element_ty, BLOCK_N, mma_layout, store_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
