@@ -201,8 +201,8 @@ def _out_layout(out_dtype, block_n, mma_layout, store_layout):
 
 @gluon.constexpr_function
 def _rescales_columns(token_reduction, block_n):
-    """Whether the token reduction keeps one rescaled accumulator (tiles wider than a scale block, where
-    a separate product would not fit in registers) instead of promoting each block's product."""
+    """Whether the token reduction keeps rescaled sums (tiles wider than a scale block, where a separate
+    product would not fit in registers: _wide_token_tiles) instead of promoting each block's product."""
     return token_reduction and block_n > BLOCK_K.value
 
 
