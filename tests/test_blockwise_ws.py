@@ -46,6 +46,10 @@ def test_takes_hopper_and_its_scale_layouts_only(device):
                                           token_reduction)
         assert not blockwise_ws.supported(a, b_operand, out, b_scales, wide, token_reduction)
         assert blockwise_ws.supported(a, b_operand, out, b_scales, wide3, token_reduction) == hopper
+    # a table's stages that do not fit beside an output's tile come down to those that do
+    assert blockwise_ws.fitted(wide, out16, token_reduction=True) is wide
+    assert blockwise_ws.fitted(wide, out, token_reduction=True) == wide3
+    assert blockwise_ws.fitted(wide, out) == wide3 and blockwise_ws.fitted(narrow, out) is narrow
     # where the Triton kernels run instead, the table's 256-wide tile narrows to theirs
     assert blockwise_ws.triton_tile(wide) == narrow and blockwise_ws.triton_tile(narrow) is narrow
 

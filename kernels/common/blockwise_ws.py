@@ -523,6 +523,16 @@ def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool
     return shared_bytes(block_n, stages, out_element_size, token_reduction) <= SHARED_MEMORY_BYTES
 
 
+def fitted(cfg: TileConfig, out: torch.Tensor, token_reduction: bool = False) -> TileConfig:
+    """`cfg` with as many of its stages as fit this kernel's shared memory beside `out`'s tile, 2 at least: a
+    table tuned on bf16 outputs may hold 4 stages at 128x256, which an fp32 output (a main_grad) leaves no
+    room for, and this kernel at 3 stages serves such a call where the Triton kernels would otherwise take it."""
+    stages = cfg.num_stages
+    while stages > 2 and not fits(cfg.BLOCK_N, stages, out.element_size(), token_reduction):
+        stages -= 1
+    return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
+
+
 TRITON_MAX_BLOCK_N = 128
 
 
