@@ -59,12 +59,14 @@ def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
     token reduction (fresh and accumulating): E4M3 wgmmas fed by TMA, no register spills, and no
     serialization (ptxas waits for each wgmma when an instruction may touch one's accumulator in flight,
     as promoting each K block's product one block late did: 0.6-0.7x on the H100), and 128x256 tiles 4
-    stages deep within an H100's shared memory (the token reduction fresh and adding into a bf16 main_grad).
+    stages deep within an H100's shared memory (the token reduction fresh and adding into a bf16 main_grad,
+    and at 3 into an fp32 one).
     A subprocess, since the kernels must be compiled, not interpreted."""
     cases = ((False, False), (True, False), (True, True), (False, False, 256), (True, False, 256, 3),
-             (True, True, 256, 3, "*bf16"), (True, True, 256, 4, "*bf16"))
+             (True, True, 256, 3, "*bf16"), (True, True, 256, 4, "*bf16"), (True, True, 256, 3, "*fp32"))
     reports = compiled_for_hopper(f"[hopper_compile.compile_blockwise_ws(*c) for c in {cases!r}]")
-    expected = ((128, 4, 2), (128, 4, 2), (128, 4, 4), (256, 4, 2), (256, 3, 2), (256, 3, 2), (256, 4, 2))
+    expected = ((128, 4, 2), (128, 4, 2), (128, 4, 4), (256, 4, 2), (256, 3, 2), (256, 3, 2), (256, 4, 2),
+                (256, 3, 4))
     for report, case, (block_n, stages, out_bytes) in zip(reports, cases, expected, strict=True):
         # the 256-wide token reduction: each consumer two 64x128 MMAs a block (its columns, all 128 rows)
         wide_token_reduction = case[0] and block_n == 256
