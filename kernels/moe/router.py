@@ -364,7 +364,7 @@ def router_forward(
     losses into the given buffers where there are some."""
     T, E = logits.shape
     K, device = config.topk, logits.device
-    e_pad = next_power_of_2(E)
+    e_pad, g_pad = next_power_of_2(E), next_power_of_2(config.n_group)
     block_t = _block_t(e_pad)
     n_blocks = cdiv(T, block_t)
     blocks_per_program = cdiv(n_blocks, MAX_PROGRAMS)
@@ -384,8 +384,8 @@ def router_forward(
         logits, expert_bias if expert_bias is not None else logits, probs, ids, part_counts, part_probs, part_z,
         T, E, logits.stride(0), E // config.n_group, blocks_per_program, config.scaling_factor,
         K=K, K_PAD=next_power_of_2(K), E_PAD=e_pad, N_GROUP=config.n_group,
-        G_PAD=next_power_of_2(config.n_group), TOPK_GROUP=config.topk_group, GROUP_PICK=config.group_pick,
-        GROUP_AXIS=e_pad == E and config.n_group == next_power_of_2(config.n_group),
+        G_PAD=g_pad, TOPK_GROUP=config.topk_group, GROUP_PICK=config.group_pick,
+        GROUP_AXIS=e_pad == E and config.n_group == g_pad,
         SIGMOID=config.score_func == "sigmoid", RENORMALIZE=config.renormalize, HAS_BIAS=expert_bias is not None,
         BLOCK_T=block_t, num_warps=ROUTER_WARPS, maxnreg=FWD_MAX_REGISTERS,
     )
