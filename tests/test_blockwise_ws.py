@@ -50,6 +50,9 @@ def test_takes_hopper_and_its_scale_layouts_only(device):
     assert blockwise_ws.fitted(wide, out16, token_reduction=True) is wide
     assert blockwise_ws.fitted(wide, out, token_reduction=True) == wide3
     assert blockwise_ws.fitted(wide, out) == wide3 and blockwise_ws.fitted(narrow, out) is narrow
+    # what the ops ask: the fitted config where the kernel takes the call, else None
+    assert blockwise_ws.runnable(a, b[0], out, per_column, wide, token_reduction=True) == (wide3 if hopper else None)
+    assert blockwise_ws.runnable(a, b[0], out, scales, narrow, token_reduction=True) is None
     # where the Triton kernels run instead, the table's 256-wide tile narrows to theirs
     assert blockwise_ws.triton_tile(wide) == narrow and blockwise_ws.triton_tile(narrow) is narrow
 

@@ -533,6 +533,17 @@ def fitted(cfg: TileConfig, out: torch.Tensor, token_reduction: bool = False) ->
     return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
 
 
+def runnable(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
+             token_reduction: bool = False) -> TileConfig | None:
+    """The config this kernel runs a blockwise GEMM under, the table's `cfg` with its stages fitted beside
+    `out`'s tile (fitted), or None where the kernel does not take the call (supported). Rowwise and
+    tensorwise scales leave at once: every FP8 pass asks."""
+    if not scales.per_k_block:
+        return None
+    cfg = fitted(cfg, out, token_reduction)
+    return cfg if supported(a, b, out, scales, cfg, token_reduction) else None
+
+
 TRITON_MAX_BLOCK_N = 128
 
 

@@ -109,14 +109,14 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
         return out
     cfg = config_for(pass_name, M, N, granularity)
     # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
-    token_cfg = blockwise_ws.fitted(cfg, out, token_reduction=True)
-    if blockwise_ws.supported(a, b, out, scales, token_cfg, token_reduction=True):
+    token_cfg = blockwise_ws.runnable(a, b, out, scales, cfg, token_reduction=True)
+    if token_cfg is not None:
         return blockwise_ws.blockwise_token_mm(a, b, out, scales, token_cfg, accumulate=accumulate)
     # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
     # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
     # grouped kernel, whose epilogue works in registers.
-    ws_cfg = blockwise_ws.fitted(cfg, out)
-    if not accumulate and blockwise_ws.supported(a, b[None], out, scales, ws_cfg):
+    ws_cfg = None if accumulate else blockwise_ws.runnable(a, b[None], out, scales, cfg)
+    if ws_cfg is not None:
         return blockwise_ws.blockwise_mm(a, b[None], out, scales, ws_cfg, ping_pong=pass_name == "fwd")
     if scales.per_k_block:
         cfg = blockwise_ws.triton_tile(cfg)

@@ -205,8 +205,8 @@ def m_grouped_fp8(
         b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = config_for(pass_name, out.shape[0], weight.data.shape[0], granularity, weight.data.shape[1:])
-    ws_cfg = blockwise_ws.fitted(cfg, out)
-    if row_index is None and blockwise_ws.supported(xq, weight.data, out, scales, ws_cfg):
+    ws_cfg = None if row_index is not None else blockwise_ws.runnable(xq, weight.data, out, scales, cfg)
+    if ws_cfg is not None:
         blockwise_ws.blockwise_mm(xq, weight.data, out, scales, ws_cfg, offs, ping_pong=pass_name == "fwd")
     else:
         grouped_mm(xq, weight.data, offs, out, blockwise_ws.triton_tile(cfg) if scales.per_k_block else cfg, scales,
@@ -239,8 +239,8 @@ def vark_fp8(
     cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
     if granularity == Granularity.BLOCKWISE:
         token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
-        token_cfg = blockwise_ws.fitted(cfg, out, token_reduction=True)
-        if blockwise_ws.supported(xt, yt, out, token_scales, token_cfg, token_reduction=True):
+        token_cfg = blockwise_ws.runnable(xt, yt, out, token_scales, cfg, token_reduction=True)
+        if token_cfg is not None:
             blockwise_ws.blockwise_token_mm(xt, yt, out, token_scales, token_cfg, padded_offs, accumulate)
             return
         cfg = blockwise_ws.triton_tile(cfg)
