@@ -10,11 +10,15 @@ a ratio to SDPA cuDNN. Forward variants: the Triton forward under the tuned tabl
 non-causal, on its persistent grid or a CTA a tile as `--persistent` lists (` grid`: a CTA a tile). Backward
 (`--pass bwd`): our whole backward (delta, dK/dV, dQ) with the dQ pass on the Triton kernel and, where they
 serve the shape, on the warp-specialized one (`ws dq`) and as the fused warp-specialized backward
-(`ws fused`); SDPA's from its own forward's graph. For GQA, SDPA gets k and v repeated to the q heads outside
-its timing.
+(`ws fused`); SDPA's from its own forward's graph. FP8 forward (`--pass fp8`): on E4M3 q, k and v quantized
+once outside the timing, the Triton FP8 forward (`fp8 triton`) and the warp-specialized one at each `--ws` and
+`--lazy` (`fp8 ws ...`), beside our bf16 forward as the tuned table runs it (`bf16`) and the FP8 forward with
+its quantization of q, k and v in the call (`fp8 with quant`, the table's config: what `attention(...,
+fp8_forward=True)` runs). For GQA, SDPA gets k and v repeated to the q heads outside its timing.
 
     python benchmarks/attention_ab.py --rounds 5 --csv attention_ab.csv
     python benchmarks/attention_ab.py --pass bwd --rounds 5 --csv attention_ab_bwd.csv
+    python benchmarks/attention_ab.py --pass fp8 --ws 128:2 64:3 --lazy 1 --rounds 5
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import kernels  # noqa: F401  (interpreter switch before triton loads)
 from harness.timing import Timer
 from kernels.attention import dense_shape, hopper_ws
-from kernels.attention.kernel import LOG2E, backward_into, forward_into
+from kernels.attention.kernel import LOG2E, backward_into, forward_into, quantize_qkv
 from kernels.attention.tuning import config_for
 
 # label: (B, S, Hq, Hkv, D, causal)
@@ -43,16 +47,44 @@ SHAPES = {"d128 2x8k h16": (2, 8192, 16, 16, 128, False), "d128 2x8k h16 causal"
           "llama3-8b 4x4k gqa causal": (4, 4096, 32, 8, 128, True)}
 
 
+def fp8_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 causal: bool, ws: list[tuple[int, int]], lazies: list[int]) -> dict[str, Callable[[], object]]:
+    """The FP8 forward's variants (the module's docstring), on q, k and v quantized once here."""
+    shape, scale, D = dense_shape(q, k, v), q.shape[-1] ** -0.5, q.shape[-1]
+    (q8, k8, v8), scales = quantize_qkv(q, k, v, shape)
+    fp8_shape = dense_shape(q8, k8, v8)
+    triton_cfg = dataclasses.replace(config_for("fwd_fp8", D, D), WS=0)
+
+    def with_quant() -> None:
+        operands, call_scales = quantize_qkv(q, k, v, shape)
+        forward_into(*operands, out, lse, fp8_shape, causal, scale, None, call_scales)
+
+    found: dict[str, Callable[[], object]] = {
+        "bf16": lambda: forward_into(q, k, v, out, lse, shape, causal, scale, None),
+        "fp8 triton": lambda: forward_into(q8, k8, v8, out, lse, fp8_shape, causal, scale, None, scales, triton_cfg),
+        "fp8 with quant": with_quant,
+    }
+    head_scales = (scales.q, scales.k, scales.v)
+    for (block_n, stages), lazy in itertools.product(ws, lazies):
+        if hopper_ws.supported(q8, k8, v8, causal, None, False, block_n, stages):
+            found[f"fp8 ws n{block_n} s{stages}{' lazy' if lazy else ''}"] = lambda n=block_n, st=stages, z=lazy: (
+                hopper_ws.forward_ws(q8, k8, v8, out, lse, causal, scale * LOG2E, n, st, bool(z), scales=head_scales))
+    return found
+
+
 def variants(B: int, S: int, Hq: int, Hkv: int, D: int, causal: bool, ws: list[tuple[int, int]], lazies: list[int],
-             persistents: list[int], backward: bool) -> dict[str, Callable[[], object]]:
+             persistents: list[int], pass_: str) -> dict[str, Callable[[], object]]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     grad = torch.randn_like(q)
     out, lse = torch.empty_like(q), torch.empty(B, Hq, S, device="cuda")
     shape, scale = dense_shape(q, k, v), D ** -0.5
+    backward = pass_ == "bwd"
     found: dict[str, Callable[[], object]] = {}
-    if backward:
+    if pass_ == "fp8":
+        found = fp8_variants(q, k, v, out, lse, causal, ws, lazies)
+    elif backward:
         forward_into(q, k, v, out, lse, shape, causal, scale, None)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         serves = {"ws dq": hopper_ws.supports_dq(q, k, v, grad, causal, None, False),
@@ -100,7 +132,7 @@ def main() -> None:
                         help="the warp-specialized forward's lazy rescale (the tuned table's LAZY knob): each value")
     parser.add_argument("--persistent", nargs="+", type=int, choices=(0, 1), default=[0, 1],
                         help="the warp-specialized forward's persistent grid (non-causal; 0: a CTA a tile): each value")
-    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fp8"), default="fwd")
     parser.add_argument("--only", default="", help="keep shapes whose label contains this")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
@@ -111,7 +143,7 @@ def main() -> None:
         if args.only not in label:
             continue
         backward = args.pass_ == "bwd"
-        calls = variants(B, S, Hq, Hkv, D, causal, ws, args.lazy, args.persistent, backward)
+        calls = variants(B, S, Hq, Hkv, D, causal, ws, args.lazy, args.persistent, args.pass_)
         flops = 4.0 * B * Hq * S * S * D / (2 if causal else 1) * (2.5 if backward else 1.0)
         times = interleaved_rounds(calls, timer, args.rounds)
         anchor = statistics.median(times["sdpa cudnn"])

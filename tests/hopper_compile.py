@@ -29,12 +29,16 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from kernels.attention.hopper_ws import (
     BWD_STAGES,
+    FP8_RESCALE_ABOVE,
+    HEAD_DIMS,
     RESCALE_ABOVE,
     _attention_bwd_dq_ws_kernel,
     _attention_bwd_ws_kernel,
     _attention_fwd_ws_kernel,
     bwd_dq_chunk,
     bwd_key_block,
+    key_block_for,
+    stages_for,
 )
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
@@ -50,6 +54,8 @@ from kernels.common.fp8 import FORMAT_ARGS, _amax_both_kernel
 from kernels.grouped_gemm.kernel import _grouped_mm_kernel, _grouped_mm_vark_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
+# The FP8 warp-specialized forward as forward_ws launches it at each head dim: (head dim, keys a stage, stages).
+FP8_WS_LAUNCHES = tuple((d, key_block_for(d), stages_for(d, 1)) for d in HEAD_DIMS)
 
 
 def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
@@ -242,19 +248,26 @@ def compile_grouped_forward(a_gather: bool, output: str = "*bf16", stages: int =
 
 
 def _tile_type(rows: int, head_dim: int, element: str = "bf16") -> str:
-    """The type of a host descriptor of [rows, head_dim] tiles (bf16, or fp32: the fused backward's dQ), as
-    hopper_ws builds them."""
-    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], {"bf16": gl.bfloat16, "fp32": gl.float32}[element])
+    """The type of a host descriptor of [rows, head_dim] tiles (bf16, fp8e4nv: the FP8 forward's, or fp32: the
+    fused backward's dQ), as hopper_ws builds them."""
+    gl_dtype = {"bf16": gl.bfloat16, "fp8e4nv": gl.float8e4nv, "fp32": gl.float32}[element]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl_dtype)
     return f"tensordesc<{element}[{rows}, {head_dim}],{layout!r}>"
 
 
-def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool, lazy: bool = True) -> dict[str, int]:
-    """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16, as forward_ws launches
-    it: wgmmas (QK^T from shared memory, PV with P from registers), registers, spills, shared memory."""
-    types = {"q_desc": _tile_type(64, head_dim), "k_desc": _tile_type(block_n, head_dim),
-             "v_desc": _tile_type(block_n, head_dim), "o_ptr": "*bf16", "lse_ptr": "*fp32", "qk_scale": "fp32"}
+def compile_attention_ws(head_dim: int, block_n: int, stages: int, causal: bool, lazy: bool = True,
+                         fp8: bool = False) -> dict[str, int]:
+    """The warp-specialized attention forward (kernels/attention/hopper_ws.py) in bf16 or FP8 (E4M3 q, k and v,
+    v's boxes [head dim, keys]), as forward_ws launches it: wgmmas (QK^T from shared memory, PV with P from
+    registers), registers, spills, shared memory."""
+    element = "fp8e4nv" if fp8 else "bf16"
+    v_box = (head_dim, block_n) if fp8 else (block_n, head_dim)
+    types = {"q_desc": _tile_type(64, head_dim, element), "k_desc": _tile_type(block_n, head_dim, element),
+             "v_desc": _tile_type(*v_box, element), "o_ptr": "*bf16", "lse_ptr": "*fp32", "q_scale_ptr": "*fp32",
+             "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}
+    threshold = (FP8_RESCALE_ABOVE if fp8 else RESCALE_ABOVE) if lazy else -1.0
     constants = {"HEAD_DIM": head_dim, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
-                 "RESCALE_ABOVE": RESCALE_ABOVE if lazy else -1.0, "PERSISTENT": not causal}
+                 "RESCALE_ABOVE": threshold, "PERSISTENT": not causal, "FP8": fp8}
     compiled = _compile(_attention_fwd_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
@@ -306,6 +319,9 @@ if __name__ == "__main__":
     found |= {f"attention-ws-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
               compile_attention_ws(d, n, stages, causal)
               for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)) for causal in (False, True)}
+    found |= {f"attention-ws-fp8-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
+              compile_attention_ws(d, n, stages, causal, fp8=True)
+              for d, n, stages in FP8_WS_LAUNCHES for causal in (False, True)}
     found |= {f"attention-dq-ws-d{d}{'-causal' if causal else ''}": compile_attention_dq_ws(d, 64, 3, causal)
               for d in (64, 128) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}{'-causal' if causal else ''}": compile_attention_bwd_ws(d, causal)

@@ -194,8 +194,11 @@ def test_tma_views_of_each_layout_or_none(device, half_dtype):
     v8 = kernel_module.quantize_per_head(k, sequence_major=True)[0]
     fp8 = view(v8, dense_shape(v8, v8, v8), 64, 32, sequence_major=True)
     assert (fp8.shape, fp8.strides, fp8.block_shape) == ([2 * 2 * 64, 48], [48, 1], [64, 32])
-    odd = kernel_module.quantize_per_head(k[:, :37], sequence_major=True)[0]  # 37-byte rows
-    assert view(odd, dense_shape(odd, odd, odd), 64, 32, sequence_major=True) is None
+    odd = kernel_module.quantize_per_head(k[:, :37], sequence_major=True)[0]  # 37 keys, rows padded to 48 bytes
+    odd_view = view(odd, dense_shape(odd, odd, odd), 64, 32, sequence_major=True)
+    assert (odd_view.shape, odd_view.strides) == ([2 * 2 * 64, 37], [48, 1])
+    unpadded = torch.empty(2, 2, 64, 37, device=device, dtype=odd.dtype).permute(0, 3, 1, 2)  # 37-byte rows
+    assert view(unpadded, dense_shape(unpadded, unpadded, unpadded), 64, 32, sequence_major=True) is None
     lens = (0, 1, 47)
     pq, pk, _, _, cu, _ = packed(lens, lens, 4, 2, 64, 64, half_dtype, device)
     assert view(pq, packed_shape(pq, pk, pk, cu, cu, 47, 47), 64, 32).shape == [48, 256]

@@ -29,11 +29,13 @@ from kernels.attention import (
     packed_shape,
 )
 from kernels.attention import quantize_heads as quantize
-from kernels.attention.tuning import FP8_VARIANT, buckets_for
+from kernels.attention.kernel import LOG2E
+from kernels.attention.tuning import FP8_VARIANT, buckets_for, config_for
 from kernels.common.device import SHARED_MEMORY_BYTES
 from kernels.common.fp8 import AMAX_EPS, FP8_MAX
 from tests.compiled import BOTH_TRITONS, compiled
 from tests.graph_replay import replay_and_eager
+from tests.hopper_compile import FP8_WS_LAUNCHES
 from tests.test_attention import (
     DENSE_CASES,
     assert_one_line_error,
@@ -41,6 +43,7 @@ from tests.test_attention import (
     packed,
     packed_reference,
     reference,
+    reference_lse,
     tma_everywhere,
 )
 
@@ -90,9 +93,9 @@ def test_fp8_forward_matches_float64(case, device, half_dtype):
 
 def test_fp8_forward_through_tensor_descriptors(device, half_dtype, monkeypatch):
     """With the tuned table's TMA knob on, the FP8 forward reads q and k as [rows, heads x head dim] and
-    its sequence-major v as [batch x heads x head dim, keys] boxes, transposed in the kernel (key counts a
-    multiple of 16: the rows of v must be 16-byte aligned): causal GQA, MQA, unequal head dims, d256.
-    Packed v (sequences start at any key) and a key count off 16 bytes stay on pointers."""
+    its sequence-major v as [batch x heads x head dim, keys] boxes, transposed in the kernel: causal GQA, MQA,
+    unequal head dims, d256, and a key count off 16 bytes (quantize_heads pads v's rows to 16 bytes, as TMA
+    needs). Packed v (sequences start at any key) stays on pointers."""
     taken = tma_everywhere(monkeypatch)
     for B, Sq, Sk, Hq, Hkv, D, Dv, causal in [(2, 150, 144, 4, 2, 64, 64, True), (1, 48, 80, 4, 1, 128, 128, False),
                                               (1, 33, 64, 2, 2, 128, 64, False), (1, 50, 64, 2, 1, 256, 256, True),
@@ -106,7 +109,7 @@ def test_fp8_forward_through_tensor_descriptors(device, half_dtype, monkeypatch)
     q, k, v, g, cu, _ = packed((0, 1, 70, 29, 60), (0, 1, 70, 29, 60), 4, 2, 64, 64, half_dtype, device)
     (q8, k8, v8), scales = fp8_inputs(q, k, v, cu, cu)
     attention_forward(q8, k8, v8, packed_shape(q8, k8, v8, cu, cu, 70, 70), causal=True, scales=scales)
-    assert taken == [True, True, True, True, False, False]
+    assert taken == [True, True, True, True, True, False]
 
 
 def test_fp8_forward_of_packed_sequences(device, half_dtype):
@@ -252,6 +255,33 @@ def test_fp8_forward_on_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", [
+    (2, 1000, 1000, 8, 2, 128), (1, 777, 1500, 4, 4, 64), (1, 513, 601, 4, 2, 256),
+], ids=["gqa-d128", "q777-k1500-d64", "gqa-q513-k601-d256"])
+def test_warp_specialized_fp8_forward_on_gpu(case, causal):
+    """hopper_ws's FP8 forward at every head dim it serves (the tuned table runs it at d256 only), with its
+    default key block and stages, lazy rescale and not, into poisoned buffers, key counts that no key block
+    divides (v's sequence-major rows padded to 16 bytes for TMA): against float64 on the unquantized inputs
+    and on the quantized ones, and its LSE (the P shift taken out) against float64's."""
+    B, Sq, Sk, Hq, Hkv, D = case
+    q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, torch.bfloat16, "cuda")
+    (q8, k8, v8), scales = fp8_inputs(q, k, v)
+    assert hopper_ws.supported(q8, k8, v8, causal, None, False)
+    want = reference(q, k, v, g, causal)[0]
+    on_quantized = reference(dequantized(q8, scales.q), dequantized(k8, scales.k), dequantized(v8, scales.v), g,
+                             causal)[0]
+    want_lse = reference_lse(dequantized(q8, scales.q), dequantized(k8, scales.k), causal)
+    for lazy in (True, False):
+        out = torch.full_like(q, math.nan)
+        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+        hopper_ws.forward_ws(q8, k8, v8, out, lse, causal, LOG2E / math.sqrt(D), lazy=lazy,
+                             scales=(scales.q, scales.k, scales.v))
+        assert snr_db(out, want) >= FLOOR and snr_db(out, on_quantized) >= KERNEL_FLOOR, lazy
+        assert torch.isfinite(lse).all() and (lse.double() - want_lse).abs().max() < 1e-3, lazy
+
+
+@pytest.mark.gpu
 def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
     q, k, v, g = make(2, 513, 513, 8, 2, 128, 128, torch.bfloat16, "cuda")
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
@@ -304,6 +334,15 @@ def test_the_kernels_compile_to_hopper_tensor_core_and_tma_instructions(triton_d
     for kernel in ("quantize-dense", "quantize-packed", "rowwise-amax", "rowwise-amax-rows"):
         amax = counts[kernel]
         assert amax["atomics"] == amax["relaxed_atomics"] > 0 and amax["fences"] == 0, (kernel, amax)
+    # The warp-specialized FP8 forward at each head dim, as forward_ws launches it: both products E4M3 wgmma, K and V
+    # by TMA, within its bound; no spills where the tuned table runs it (at d128, which stays on the Triton kernel,
+    # ptxas spills 36-76 bytes a thread).
+    for d, n, stages in FP8_WS_LAUNCHES:
+        for causal in ("", "-causal"):
+            ws = counts[f"attention-ws-fp8-d{d}-n{n}-s{stages}{causal}"]
+            assert ws["wgmma"] == ws["wgmma_e4m3"] > 0 and ws["mma_sync"] == 0 and ws["tma_loads"] > 0, ws
+            assert ws["shared_bytes"] <= hopper_ws.shared_bytes(d, n, stages, 1), ws
+            assert ws["spill_bytes"] == 0 or not config_for("fwd_fp8", d, d).WS, ws
     # The warp-specialized forward (hopper_ws): wgmma only, K and V by TMA, no spills, within its bound.
     for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)):
         for causal in ("", "-causal"):

@@ -207,7 +207,8 @@ def quantize_heads(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k or v for the FP8 forward: (E4M3 data, fp32 scales [B, H]), one scale per sequence and head. x is
     bf16/fp16 [B, S, H, D], or packed [total, H, D] with its cu_seqlens ([batch + 1] int32 on x's device).
-    `sequence_major` (for v): the data laid out with the sequence dim contiguous, indexed as x."""
+    `sequence_major` (for v): the data laid out with the sequence dim contiguous (each row padded to 16 bytes, as
+    TMA reads it), indexed as x."""
     rank = 4 if cu_seqlens is None else 3
     if not isinstance(x, torch.Tensor) or x.ndim != rank or x.dtype not in SUPPORTED_DTYPES:
         layout = "[B, S, H, D]" if rank == 4 else "[total, H, D] (with cu_seqlens)"

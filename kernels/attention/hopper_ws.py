@@ -17,9 +17,10 @@ that wait on them. Here the roles are split, as in FlashAttention-3 and kernels/
   tile: the producer loads the next tile's q once both consumers have computed the last one's scores, while
   they finish its products and store it); causal tiles shorten along a head, and run one a CTA.
 
-What it serves (`supported`): dense (not packed) bf16/fp16 problems with head dim 64, 128 or 256 for q,
-k and v, no sliding window, causal only with Sq <= Sk (every query then sees key 0, so no row's first
-block is empty), tensors TMA can read as [batch x sequence, heads x head dim]. Semantics, outputs and
+What it serves (`supported`): dense (not packed) bf16/fp16 problems, or the FP8 forward's (E4M3 q, k and v
+with per-head scales, v sequence-major: `forward_ws`), with head dim 64, 128 or 256 for q, k and v, no sliding
+window, causal only with Sq <= Sk (every query then sees key 0, so no row's first block is empty), tensors
+TMA can read as [batch x sequence, heads x head dim]. Semantics, outputs and
 the LSE are the Triton forward's (kernel.py's docstring): the backward reads either. A K/V block past
 the sequence's end reads the next sequence's rows (or zeros past the tensor): those keys are masked.
 The dQ pass (below the forward) follows the same pattern with dO beside q; the fused backward (below it: dK,
@@ -62,11 +63,22 @@ LOG2E = gl.constexpr(math.log2(math.e))
 HEAD_DIMS = (64, 128, 256)
 BLOCK_NS = (64, 128)
 _SERVED_DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPE = torch.float8_e4m3fn
 
 
 # The forward's lazy rescale (_online_softmax): a row's running max moves only when a block's rises past it by
 # more than 2**8, FlashAttention-4's threshold. The tuned table's LAZY knob turns it on per head dim.
 RESCALE_ABOVE = 8.0
+# The FP8 forward's P goes to E4M3 for the PV product (_online_softmax's P_SHIFT): it stays under 2**8 = 256, inside
+# the format's 448, with the lazy rescale's threshold lowered to 2**4 to leave the shift 2**4 of that room.
+FP8_P_BOUND_LOG2 = 8.0
+FP8_RESCALE_ABOVE = 4.0
+
+
+@gluon.constexpr_function
+def fp8_softmax_shift(rescale_above):
+    """The FP8 forward's P_SHIFT under a lazy-rescale threshold (negative: none, the max follows every block)."""
+    return FP8_P_BOUND_LOG2 - max(rescale_above, 0.0)
 
 
 def key_block_for(head_dim: int) -> int:
@@ -76,9 +88,16 @@ def key_block_for(head_dim: int) -> int:
 
 
 @gluon.constexpr_function
-def _warpgroup_acc(width):
-    """The register layout of one warpgroup's [64, width] wgmma accumulator (bf16/fp16 operands)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, width, 16])
+def _warpgroup_acc(width, operand_bits=16):
+    """The register layout of one warpgroup's [64, width] wgmma accumulator (bf16/fp16 operands, or fp8 with
+    operand_bits 8: an instruction then reduces 32 elements, not 16)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, width, 256 // operand_bits])
+
+
+@gluon.constexpr_function
+def _register_k_width(dtype):
+    """Elements a thread holds together along K of wgmma's register A operand: 32 bits of them."""
+    return 32 // dtype.primitive_bitwidth
 
 
 @gluon.jit
@@ -133,10 +152,11 @@ def _lap(t):
 def _load_tile(t, lap, position, q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, q_free,
                k_ready, v_ready, k_free, v_free, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-               WITH_DO: gl.constexpr):
+               WITH_DO: gl.constexpr, V_T: gl.constexpr):
     """Tile t's loads, the CTA's lap-th tile, its K and V from ring position `position` on: its q rows (and with
     WITH_DO, dO's: the dQ pass) once the consumers are done with the previous tile's, then its K and V blocks
-    through the ring. Returns its key blocks."""
+    through the ring. V_T: v is sequence-major, [batch x kv heads x head dim, keys], and a block is its [head dim,
+    keys] box (the FP8 forward's). Returns its key blocks."""
     b, h, kvh, m0, _n_full, n_blocks = _tile(t, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
                                              BLOCK_N, CAUSAL)
     # A fresh barrier counts as having completed the phase before its first: the first waits pass.
@@ -151,6 +171,7 @@ def _load_tile(t, lap, position, q_desc, k_desc, v_desc, do_desc, q_smem, do_sme
         if WITH_DO:
             _tma_load(do_desc, [q_row + half * HALF_M, h * HEAD_DIM], q_ready, do_smem.index(half))
     k_row = b * seqlen_k
+    v_row = (b * (heads_q // group) + kvh) * HEAD_DIM  # V_T: the kv head's band of head-dim rows
     for j in range(n_blocks):
         s = (position + j) % STAGES
         free_phase = (((position + j) // STAGES) & 1) ^ 1
@@ -160,7 +181,10 @@ def _load_tile(t, lap, position, q_desc, k_desc, v_desc, do_desc, q_smem, do_sme
         _tma_load(k_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], k_ready.index(s), k_bufs.index(s))
         mbarrier.wait(v_free.index(s), free_phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], v_ready.index(s), v_bufs.index(s))
+        if V_T:
+            _tma_load(v_desc, [v_row, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
+        else:
+            _tma_load(v_desc, [k_row + j * BLOCK_N, kvh * HEAD_DIM], v_ready.index(s), v_bufs.index(s))
     return n_blocks
 
 
@@ -168,7 +192,7 @@ def _load_tile(t, lap, position, q_desc, k_desc, v_desc, do_desc, q_smem, do_sme
 def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, q_free, k_ready,
                     v_ready, k_free, v_free, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                    WITH_DO: gl.constexpr, PERSISTENT: gl.constexpr):
+                    WITH_DO: gl.constexpr, PERSISTENT: gl.constexpr, V_T: gl.constexpr = False):
     """The producer of both kernels: its CTA's tile (PERSISTENT: tiles program_id, program_id + programs, ..., the
     ring's position running on from tile to tile)."""
     if PERSISTENT:
@@ -177,11 +201,11 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_
             position += _load_tile(t, _lap(t), position, q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs,
                                    v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, n_tiles, seqlen_q,
                                    seqlen_k, heads_q, group, heads_together, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
-                                   WITH_DO)
+                                   WITH_DO, V_T)
     else:
         _load_tile(gl.program_id(0), 0, 0, q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready,
                    q_free, k_ready, v_ready, k_free, v_free, n_tiles, seqlen_q, seqlen_k, heads_q, group,
-                   heads_together, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WITH_DO)
+                   heads_together, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WITH_DO, V_T)
 
 
 @gluon.jit
@@ -194,11 +218,15 @@ def _issue_scores(j, q, k_bufs, k_ready, s_layout: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
-def _issue_pv(j, p_op, v_bufs, v_ready, acc, STAGES: gl.constexpr):
-    """acc += P V of key block j, issued (asynchronous) once its V has landed."""
+def _issue_pv(j, p_op, v_bufs, v_ready, acc, STAGES: gl.constexpr, V_T: gl.constexpr):
+    """acc += P V of key block j, issued (asynchronous) once its V has landed. V_T: the stage holds V^T [head dim,
+    keys], the keys contiguous: the K-major operand that an FP8 wgmma needs."""
     s = j % STAGES
     mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
-    return warpgroup_mma(p_op, v_bufs.index(s), acc, is_async=True)
+    v = v_bufs.index(s)
+    if V_T:
+        v = v.permute((1, 0))
+    return warpgroup_mma(p_op, v, acc, is_async=True)
 
 
 @gluon.jit
@@ -218,7 +246,7 @@ def _mask_scores(j, scores, n_full, rows, diag, seqlen_k, s_layout: gl.constexpr
 @gluon.jit
 def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale, v_bufs, s_layout: gl.constexpr,
                     o_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                    RESCALE_ABOVE: gl.constexpr):
+                    RESCALE_ABOVE: gl.constexpr, P_SHIFT: gl.constexpr):
     """Block j's scores into the running max and sum: (P in the PV product's operand layout, the factor
     that rescales the output so far, m_i, l_i, whether any row's max moved). Blocks from n_full on are
     masked: keys past the sequence's end, and right of the causal diagonal, get no weight.
@@ -228,7 +256,12 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
     same max, which the LSE then carries); P is at most 2**RESCALE_ABOVE, far inside bf16 and fp16. Past
     the first blocks no row's max moves, and the caller skips rescaling its output tile (64 multiplies a
     thread a block on the softmax's path). RESCALE_ABOVE < 0: the max follows every block, and the output
-    is rescaled after each."""
+    is rescaled after each.
+
+    P_SHIFT (log2 units): P and its row sums carry a factor 2**P_SHIFT, which cancels in the output and which the
+    caller takes out of the LSE. The FP8 forward's P goes to E4M3 for the PV product: shifted up, its small values
+    stay normal numbers of the format (down to 2**-6) instead of flushing through its subnormals, while P stays
+    under 2**(P_SHIFT + max(RESCALE_ABOVE, 0)) <= 256, inside E4M3's 448 (fp8_softmax_shift)."""
     scores = _mask_scores(j, scores, n_full, rows, diag, seqlen_k, s_layout, BLOCK_N, CAUSAL)
     # The running max in scaled units: each score costs one FMA (scale, subtract the max) and one exp2.
     m_new = gl.maximum(m_i, gl.max(scores, axis=1) * qk_scale)
@@ -237,10 +270,11 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
         moved = gl.max(m_new - m_i, axis=0) > 0
     else:
         moved = True
-    p = gl.exp2(scores * qk_scale - gl.expand_dims(m_new, 1))
+    p = gl.exp2(scores * qk_scale - gl.expand_dims(m_new - P_SHIFT, 1))
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    p_op = gl.convert_layout(p.to(v_bufs.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                    k_width=_register_k_width(v_bufs.dtype))).to(v_bufs.dtype)
     return p_op, gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1), m_new, l_i, moved
 
 
@@ -260,17 +294,24 @@ def _store_rows(ptr, tile, b, h, first_row, seqlen, stride_b, stride_s, stride_h
 
 @gluon.jit
 def _softmax_tile(t, lap, position, q, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr,
-                  lse_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
-                  stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                  lse_ptr, q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group,
+                  heads_together, qk_scale, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, RESCALE_ABOVE: gl.constexpr):
+                  CAUSAL: gl.constexpr, RESCALE_ABOVE: gl.constexpr, FP8: gl.constexpr):
     """A consumer warpgroup's rows of tile t, the CTA's lap-th tile, its K and V from ring position `position`
-    on. Returns its key blocks."""
-    s_layout: gl.constexpr = _warpgroup_acc(BLOCK_N)
-    o_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM)
+    on. Returns its key blocks. FP8: q, k and v hold E4M3 values whose scales (fp32, one per sequence and head:
+    [B, Hq] for q, [B, Hkv] for k and v) go into the scores' scale and the output's normalization; v's
+    stages hold V^T (_issue_pv)."""
+    bits: gl.constexpr = 8 if FP8 else 16
+    s_layout: gl.constexpr = _warpgroup_acc(BLOCK_N, bits)
+    o_layout: gl.constexpr = _warpgroup_acc(HEAD_DIM, bits)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    b, h, _kvh, m0, n_full, n_blocks = _tile(t, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
-                                             BLOCK_N, CAUSAL)
+    p_shift: gl.constexpr = fp8_softmax_shift(RESCALE_ABOVE) if FP8 else 0.0
+    b, h, kvh, m0, n_full, n_blocks = _tile(t, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
+                                            BLOCK_N, CAUSAL)
+    if FP8:
+        kv_head = b * (heads_q // group) + kvh
+        qk_scale = qk_scale * gl.load(q_scale_ptr + b * heads_q + h) * gl.load(k_scale_ptr + kv_head)
     rows = m0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
     # A finite floor: a block that masks a whole row then leaves its sums as they were (alpha = 1, p = 0).
@@ -285,14 +326,15 @@ def _softmax_tile(t, lap, position, q, k_bufs, v_bufs, q_ready, q_free, k_ready,
     scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores,))
     mbarrier.arrive(k_free.index(position % STAGES), count=1)
     p_op, alpha, m_i, l_i, moved = _online_softmax(0, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
-                                                   v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL, RESCALE_ABOVE)
+                                                   v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL, RESCALE_ABOVE, p_shift)
     for j in range(1, n_blocks):
         scores = _issue_scores(position + j, q, k_bufs, k_ready, s_layout, BLOCK_N, STAGES)
-        acc = _issue_pv(position + j - 1, p_op, v_bufs, v_ready, acc, STAGES)
+        acc = _issue_pv(position + j - 1, p_op, v_bufs, v_ready, acc, STAGES, FP8)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores,))
         mbarrier.arrive(k_free.index((position + j) % STAGES), count=1)
         p_op, alpha, m_i, l_i, moved = _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
-                                                       v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL, RESCALE_ABOVE)
+                                                       v_bufs, s_layout, o_layout, BLOCK_N, CAUSAL, RESCALE_ABOVE,
+                                                       p_shift)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(v_free.index((position + j - 1) % STAGES), count=1)
         if moved:
@@ -300,22 +342,26 @@ def _softmax_tile(t, lap, position, q, k_bufs, v_bufs, q_ready, q_free, k_ready,
     # Every score of the tile is computed: q's buffer may take the next tile's rows while this one finishes.
     mbarrier.arrive(q_free, count=1)
     last = position + n_blocks - 1
-    acc = _issue_pv(last, p_op, v_bufs, v_ready, acc, STAGES)
+    acc = _issue_pv(last, p_op, v_bufs, v_ready, acc, STAGES, FP8)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_free.index(last % STAGES), count=1)
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+    norm = l_i
+    if FP8:
+        norm = l_i / gl.load(v_scale_ptr + kv_head)
+    out = acc / gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
     _store_rows(o_ptr, out, b, h, m0 + HALF * HALF_M, seqlen_q, stride_ob, stride_os, stride_oh, HEAD_DIM)
-    lse = (m_i + gl.log2(l_i)) * LN2
+    lse = (m_i - p_shift + gl.log2(l_i)) * LN2
     gl.store(lse_ptr + b.to(gl.int64) * stride_lb + h * stride_lh + rows, lse, mask=rows < seqlen_q)
     return n_blocks
 
 
 @gluon.jit
 def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr, lse_ptr,
-                       n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
-                       stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                       q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group,
+                       heads_together, qk_scale, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                        HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, RESCALE_ABOVE: gl.constexpr, PERSISTENT: gl.constexpr):
+                       CAUSAL: gl.constexpr, RESCALE_ABOVE: gl.constexpr, PERSISTENT: gl.constexpr,
+                       FP8: gl.constexpr):
     """A consumer warpgroup of the forward: its rows of the CTA's tile (PERSISTENT: of tiles program_id,
     program_id + programs, ..., the ring's position running on from tile to tile)."""
     q = q_smem.index(HALF)
@@ -325,22 +371,28 @@ def _softmax_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready
         position = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             position += _softmax_tile(t, _lap(t), position, q, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
-                                      k_free, v_free, o_ptr, lse_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group,
-                                      heads_together, qk_scale, stride_ob, stride_os, stride_oh, stride_lb,
-                                      stride_lh, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RESCALE_ABOVE)
+                                      k_free, v_free, o_ptr, lse_ptr, q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles,
+                                      seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale, stride_ob,
+                                      stride_os, stride_oh, stride_lb, stride_lh, HALF, HEAD_DIM, BLOCK_N, STAGES,
+                                      CAUSAL, RESCALE_ABOVE, FP8)
     else:
         _softmax_tile(gl.program_id(0), 0, 0, q, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                      o_ptr, lse_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
-                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, HALF, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
-                      RESCALE_ABOVE)
+                      o_ptr, lse_ptr, q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles, seqlen_q, seqlen_k, heads_q,
+                      group, heads_together, qk_scale, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, HALF,
+                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RESCALE_ABOVE, FP8)
 
 
 @gluon.jit
-def _kv_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Both kernels' shared state: the K and V ring, the q tile's ready and free barriers, and each stage's ready
-    and free barriers (K and V apart; a free barrier takes one arrival per consumer warpgroup)."""
+def _kv_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             V_T: gl.constexpr = False):
+    """Both kernels' shared state: the K and V ring (V_T: V's stages hold [head dim, keys] boxes, _load_tile), the
+    q tile's ready and free barriers, and each stage's ready and free barriers (K and V apart; a free barrier
+    takes one arrival per consumer warpgroup)."""
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    if V_T:
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
+    else:
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -359,26 +411,29 @@ def _kv_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAG
 
 @fast_launch
 @gluon.jit
-def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group,
-                             heads_together, qk_scale,
+def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles,
+                             seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
                              stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                             CAUSAL: gl.constexpr, RESCALE_ABOVE: gl.constexpr, PERSISTENT: gl.constexpr):
+                             CAUSAL: gl.constexpr, RESCALE_ABOVE: gl.constexpr, PERSISTENT: gl.constexpr,
+                             FP8: gl.constexpr = False):
+    """FP8: q, k and v in E4M3 with their scales (_softmax_tile), v through a sequence-major descriptor
+    (_load_tile's V_T); else the scale pointers are not read."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
     k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free = _kv_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N,
-                                                                                 STAGES)
+                                                                                 STAGES, FP8)
     gl.warp_specialize([
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr,
-                              lse_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
-                              stride_ob, stride_os, stride_oh, stride_lb, stride_lh, 0, HEAD_DIM, BLOCK_N,
-                              STAGES, CAUSAL, RESCALE_ABOVE, PERSISTENT)),
+                              lse_ptr, q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles, seqlen_q, seqlen_k, heads_q,
+                              group, heads_together, qk_scale, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                              0, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RESCALE_ABOVE, PERSISTENT, FP8)),
         (_softmax_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, o_ptr,
-                              lse_ptr, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together, qk_scale,
-                              stride_ob, stride_os, stride_oh, stride_lb, stride_lh, 1, HEAD_DIM, BLOCK_N,
-                              STAGES, CAUSAL, RESCALE_ABOVE, PERSISTENT)),
+                              lse_ptr, q_scale_ptr, k_scale_ptr, v_scale_ptr, n_tiles, seqlen_q, seqlen_k, heads_q,
+                              group, heads_together, qk_scale, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                              1, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, RESCALE_ABOVE, PERSISTENT, FP8)),
         (_load_partition, (q_desc, k_desc, v_desc, q_desc, q_smem, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready,
                            v_ready, k_free, v_free, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
-                           HEAD_DIM, BLOCK_N, STAGES, CAUSAL, False, PERSISTENT)),
+                           HEAD_DIM, BLOCK_N, STAGES, CAUSAL, False, PERSISTENT, FP8)),
     ], [4, 1], [232, 40])
 
 
@@ -402,17 +457,38 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((B * S, H * D), (t.stride(1), 1))
 
 
-def stages_for(head_dim: int) -> int:
+def _sequence_major_viewable(v: torch.Tensor) -> bool:
+    """Whether v [B, S, H, D], laid out [B, H, D, S'] with S' >= S (kernel.quantize_per_head's sequence-major v,
+    its rows padded to 16 bytes), reads as [B x H x D, S] for TMA: a head's [D, keys] box at row (b x H + h) x D."""
+    B, S, H, D = v.shape
+    row = v.stride(3)
+    return (v.stride(1) == 1 and row >= S and v.stride(2) == D * row and (B == 1 or v.stride(0) == H * D * row)
+            and v.data_ptr() % 16 == 0 and (row * v.element_size()) % 16 == 0)
+
+
+def _sequence_major_view(v: torch.Tensor) -> torch.Tensor:
+    """v [B, S, H, D] as [B x H x D, S]; `_sequence_major_viewable(v)` first."""
+    B, S, H, D = v.shape
+    return v.as_strided((B * H * D, S), (v.stride(3), 1))
+
+
+def stages_for(head_dim: int, element_size: int = 2) -> int:
     """The K/V ring's depth in stages of key_block_for(head_dim) keys, as measured on the H100
     (benchmarks/attention_ab.py): d64 3 (4 stages 0.88-0.96x, 2 stages 0.95-0.98x), d128 2 (3 stages fit
-    since the outputs need no scratch, and ran 0.98x), d256 2 (3 do not fit)."""
+    since the outputs need no scratch, and ran 0.98x), d256 2 (3 do not fit). FP8 (element_size 1): d256 3
+    (2 and 4 stages 0.987-1.007x of it, attention_ab.py --pass fp8), the others as bf16 (3 stages at d128
+    0.99-1.00x of 2)."""
+    if element_size == 1 and head_dim == 256:
+        return 3
     return 3 if head_dim <= 64 else 2
 
 
-def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool) -> bool:
-    """What every kernel here needs of a problem (q and k first among `tensors`): see the module's docstring."""
+def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool,
+            dtypes: tuple[torch.dtype, ...] = _SERVED_DTYPES) -> bool:
+    """What every kernel here needs of a problem (q and k first among `tensors`, of one of `dtypes`): see the
+    module's docstring."""
     q, k = tensors[0], tensors[1]
-    if packed or window is not None or interpreter_mode() or q.dtype not in _SERVED_DTYPES or not is_hopper(q.device):
+    if packed or window is not None or interpreter_mode() or q.dtype not in dtypes or not is_hopper(q.device):
         return False
     if q.shape[-1] not in HEAD_DIMS or any(t.shape[-1] != q.shape[-1] for t in tensors):
         return False
@@ -424,11 +500,17 @@ def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None,
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
               block_n: int | None = None, stages: int | None = None) -> bool:
     """Whether this forward runs the problem with block_n keys a stage, `stages` deep (defaults:
-    key_block_for, stages_for)."""
-    block_n = block_n or key_block_for(q.shape[-1])
-    stages = stages or stages_for(q.shape[-1])
-    return (block_n in BLOCK_NS and shared_bytes(q.shape[-1], block_n, stages, q.element_size()) <= SHARED_MEMORY_BYTES
-            and _serves((q, k, v), causal, window, packed))
+    key_block_for, stages_for): bf16 or fp16 q, k and v, or E4M3 ones (the FP8 forward) with v
+    sequence-major, as kernel.quantize_per_head writes it."""
+    D = q.shape[-1]
+    block_n = block_n or key_block_for(D)
+    stages = stages or stages_for(D, q.element_size())
+    if not (block_n in BLOCK_NS and shared_bytes(D, block_n, stages, q.element_size()) <= SHARED_MEMORY_BYTES):
+        return False
+    if q.dtype == FP8_DTYPE:
+        return (_serves((q, k), causal, window, packed, (FP8_DTYPE,)) and k.dtype == v.dtype == FP8_DTYPE
+                and v.shape[-1] == D and _sequence_major_viewable(v))
+    return _serves((q, k, v), causal, window, packed)
 
 
 def _descriptor(t: torch.Tensor, rows: int, columns: int) -> TensorDescriptor:
@@ -458,31 +540,37 @@ def heads_together(causal: bool, shared_bytes_per_head: int, budget: int) -> int
 
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                causal: bool, qk_scale_log2: float, block_n: int | None = None, stages: int | None = None,
-               lazy: bool = True, persistent: bool = True) -> None:
+               lazy: bool = True, persistent: bool = True,
+               scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
     Hq, D], k and v [B, Sk, Hkv, D], out like q, lse [B, Hq, Sq] fp32; block_n keys a stage, `stages` deep
     (defaults: key_block_for, stages_for); `lazy`: the lazy rescale (_online_softmax, RESCALE_ABOVE), else the
     output is rescaled after every key block (the tuned table's LAZY knob). `persistent` (non-causal only):
     one CTA an SM walks the tiles, loading a tile's q and first K and V blocks while it finishes the previous
     one; causal tiles shorten along a head, and run a CTA each, longest first, as the hardware hands them
-    out. Check `supported` first."""
+    out. `scales` (the FP8 forward: E4M3 q, k and v, v sequence-major): q's, k's and v's fp32 scales, one
+    per sequence and head ([B, Hq], [B, Hkv], [B, Hkv], contiguous; `x ~= data * scale`); its lazy
+    rescale's threshold is FP8_RESCALE_ABOVE. Check `supported` first."""
     B, Sq, Hq, D = q.shape
     block_n = block_n or key_block_for(D)
-    stages = stages or stages_for(D)
+    stages = stages or stages_for(D, q.element_size())
     Sk, Hkv = k.shape[1], k.shape[2]
     n_tiles = cdiv(Sq, BLOCK_M.value) * B * Hq
     if n_tiles == 0:
         return
     persistent = persistent and not causal
     programs = persistent_programs(q.device, n_tiles) if persistent else n_tiles
+    fp8 = scales is not None
+    v_desc = descriptor(_sequence_major_view(v), (D, block_n)) if fp8 else _descriptor(v, block_n, D)
+    rescale_above = (FP8_RESCALE_ABOVE if fp8 else RESCALE_ABOVE) if lazy else -1.0
     bind_context(q.device)
     _attention_fwd_ws_kernel[(programs,)](
-        _descriptor(q, HALF_M.value, D), _descriptor(k, block_n, D),
-        _descriptor(v, block_n, D), out, lse, n_tiles, Sq, Sk, Hq, Hq // Hkv,
+        _descriptor(q, HALF_M.value, D), _descriptor(k, block_n, D), v_desc, out, lse,
+        *(scales if fp8 else (lse, lse, lse)), n_tiles, Sq, Sk, Hq, Hq // Hkv,
         heads_together(causal, 2 * Sk * D * q.element_size() * Hkv // Hq, CAUSAL_SHARED_BYTES), qk_scale_log2,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, RESCALE_ABOVE=RESCALE_ABOVE if lazy else -1.0,
-        PERSISTENT=persistent, num_warps=4,
+        HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, RESCALE_ABOVE=rescale_above,
+        PERSISTENT=persistent, FP8=fp8, num_warps=4,
     )
 
 

@@ -803,7 +803,8 @@ def forward_into(
     this launch config instead of the tuned table's (benchmarks pin one)."""
     cfg = config or config_for("fwd" if scales is None else "fwd_fp8", shape.head_dim_qk, shape.head_dim_v)
     if cfg.WS and hopper_ws.supported(q, k, v, causal, window, shape.packed):
-        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E, lazy=bool(cfg.LAZY))
+        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E, lazy=bool(cfg.LAZY),
+                             scales=None if scales is None else (scales.q, scales.k, scales.v))
         return
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] == 0:
@@ -897,7 +898,9 @@ def quantize_per_head(
     batch = cu_seqlens.numel() - 1 if packed else x.shape[0]
     if sequence_major:  # [B, H, D, S] in memory ([H, D, total] packed), indexed as x
         order = (1, 2, 0) if packed else (0, 2, 3, 1)
-        data = torch.empty([x.shape[i] for i in order], device=x.device, dtype=fp8)
+        # Rows of a 16-byte multiple (the sequence padded past its end), so that TMA reads them whatever S is.
+        stored = [x.shape[i] for i in order]
+        data = torch.empty([*stored[:-1], cdiv(stored[-1], 16) * 16], device=x.device, dtype=fp8)[..., :stored[-1]]
         data = data.permute([order.index(i) for i in range(x.ndim)])
     else:
         data = torch.empty_like(x, dtype=fp8, memory_format=torch.contiguous_format)

@@ -13,10 +13,11 @@ runs, and the bwd_q bucket goes unused). The bucket's other knobs are the Triton
 rest (packed, windowed, MLA problems; the dQ pass at d256; `deterministic`). DQ_ATOMIC, in the
 dK/dV buckets only, 1: the Triton dK/dV pass also adds dQ atomically into an fp32 buffer and the dQ pass
 does not run (5 block matmuls per step of the backward instead of 7, at the cost of fp32 atomics and
-bit-exact repeats; the bwd_q bucket then goes unused). LAZY, in the bf16 forward buckets only, 1: the
+bit-exact repeats; the bwd_q bucket then goes unused). LAZY, in the forward buckets only, 1: the
 warp-specialized forward moves a row's running max only when a key block's rises past it by more than 2^8
-(hopper_ws.RESCALE_ABOVE), and rescales its output tile only after a block that moved some row's max:
-FlashAttention-4's lazy rescale, exact either way (the Triton forward always rescales). HEAD_DIM and
+(hopper_ws.RESCALE_ABOVE; 2^4 in FP8, hopper_ws.FP8_RESCALE_ABOVE, where P must stay inside E4M3), and
+rescales its output tile only after a block that moved some row's max: FlashAttention-4's lazy rescale, exact
+either way (the Triton forward always rescales). HEAD_DIM and
 ELEMENT_BYTES are no knobs (the search never moves them): they tell `fits` the bucket's head dim and operand
 width.
 
@@ -33,7 +34,12 @@ backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at 
 two-pass one at d256). LAZY (2026-11-27, attention_ab.py, two calls of 101 and 151 rounds in shuffled order,
 H100): on at d128 and d256 (the warp-specialized forward 1.025-1.027x and 1.021-1.038x non-causal, 0.999-1.038x
 causal), off at d64 (0.95-0.97x). The same change in the Triton forward ran 0.89-0.96x at d128 and d256
-(1.07-1.09x at d64; its FP8 forward 0.92-0.96x; H200): it stays out of them.
+(1.07-1.09x at d64; its FP8 forward 0.92-0.96x; H200): it stays out of them. The FP8 forward's WS (2026-11-28,
+attention_ab.py --pass fp8, 5 shuffled rounds, H100, E4M3 q, k and v quantized outside the timing): on at d256
+(1.183-1.199x our bf16 forward with LAZY, 2.1x the Triton FP8 forward's 0.534-0.563x); off at d128 and d64,
+where the warp-specialized kernel ran 0.884-0.905x and 0.666-0.764x our bf16 forward against the Triton
+kernel's 0.876-0.953x and 0.901-0.914x: P's move from the accumulator's registers into wgmma's FP8 register
+operand costs each thread 64 shuffles a key block (hopper_ws.forward_ws).
 """
 
 from __future__ import annotations
@@ -65,15 +71,15 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
-    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 0, "LAZY": 1, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 0, "LAZY": 1, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
 }
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
 # Knobs of some passes only, held by their buckets alone (the search never adds a knob to a bucket).
-PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "bwd_kv", "bwd_q"),
-                                          "LAZY": ("fwd",)}
+PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "fwd_fp8", "bwd_kv", "bwd_q"),
+                                          "LAZY": ("fwd", "fwd_fp8")}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
