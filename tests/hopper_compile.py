@@ -54,8 +54,10 @@ from kernels.common.fp8 import FORMAT_ARGS, _amax_both_kernel
 from kernels.grouped_gemm.kernel import _grouped_mm_kernel, _grouped_mm_vark_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
-# The FP8 warp-specialized forward as forward_ws launches it at each head dim: (head dim, keys a stage, stages).
-FP8_WS_LAUNCHES = tuple((d, key_block_for(d), stages_for(d, 1)) for d in HEAD_DIMS)
+# The FP8 warp-specialized forward as the tuned table launches it at each head dim: (head dim, keys a stage,
+# stages, lazy rescale).
+FP8_WS_LAUNCHES = tuple((d, key_block_for(d), stages_for(d, 1), bool(config_for("fwd_fp8", d, d).LAZY))
+                        for d in HEAD_DIMS)
 
 
 def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,
@@ -98,9 +100,11 @@ def _ptxas_report(ptx: str) -> dict[str, int]:
 
 
 def _instructions(ptx: str) -> dict[str, int]:
+    """Counts of PTX instructions; `shuffles`: indexed warp shuffles, what a layout conversion between threads
+    emits (the FP8 forward's P into the E4M3 operand, where v's key order should make it need none)."""
     return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
             "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
-            "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor")}
+            "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor"), "shuffles": ptx.count("shfl.sync.idx")}
 
 
 def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, int]:
@@ -319,9 +323,9 @@ if __name__ == "__main__":
     found |= {f"attention-ws-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
               compile_attention_ws(d, n, stages, causal)
               for d, n, stages in ((128, 128, 2), (128, 64, 3), (64, 64, 4), (256, 64, 2)) for causal in (False, True)}
-    found |= {f"attention-ws-fp8-d{d}-n{n}-s{stages}{'-causal' if causal else ''}":
-              compile_attention_ws(d, n, stages, causal, fp8=True)
-              for d, n, stages in FP8_WS_LAUNCHES for causal in (False, True)}
+    found |= {f"attention-ws-fp8-d{d}{'-causal' if causal else ''}":
+              compile_attention_ws(d, n, stages, causal, lazy, True)
+              for d, n, stages, lazy in FP8_WS_LAUNCHES for causal in (False, True)}
     found |= {f"attention-dq-ws-d{d}{'-causal' if causal else ''}": compile_attention_dq_ws(d, 64, 3, causal)
               for d in (64, 128) for causal in (False, True)}
     found |= {f"attention-bwd-ws-d{d}{'-causal' if causal else ''}": compile_attention_bwd_ws(d, causal)

@@ -191,12 +191,13 @@ def test_tma_views_of_each_layout_or_none(device, half_dtype):
     assert view(offset, shape, 64, 32) is None
     mla = torch.empty(2, 40, 4, 192, device=device, dtype=half_dtype)
     assert view(mla, dense_shape(mla, mla, mla), 192, 32) is None  # padding columns
+    # The FP8 forward's v: rows of whole 32-key blocks (48 keys: 64), read whole (the keys in their block order)
     v8 = kernel_module.quantize_per_head(k, sequence_major=True)[0]
     fp8 = view(v8, dense_shape(v8, v8, v8), 64, 32, sequence_major=True)
-    assert (fp8.shape, fp8.strides, fp8.block_shape) == ([2 * 2 * 64, 48], [48, 1], [64, 32])
-    odd = kernel_module.quantize_per_head(k[:, :37], sequence_major=True)[0]  # 37 keys, rows padded to 48 bytes
+    assert (fp8.shape, fp8.strides, fp8.block_shape) == ([2 * 2 * 64, 64], [64, 1], [64, 32])
+    odd = kernel_module.quantize_per_head(k[:, :37], sequence_major=True)[0]  # 37 keys
     odd_view = view(odd, dense_shape(odd, odd, odd), 64, 32, sequence_major=True)
-    assert (odd_view.shape, odd_view.strides) == ([2 * 2 * 64, 37], [48, 1])
+    assert (odd_view.shape, odd_view.strides) == ([2 * 2 * 64, 64], [64, 1])
     unpadded = torch.empty(2, 2, 64, 37, device=device, dtype=odd.dtype).permute(0, 3, 1, 2)  # 37-byte rows
     assert view(unpadded, dense_shape(unpadded, unpadded, unpadded), 64, 32, sequence_major=True) is None
     lens = (0, 1, 47)

@@ -18,8 +18,9 @@ Semantics are flash-attn's (kernels/attention/kernel.py says them in full): caus
 when Sq != Sk, `window` = keys left of the diagonal a query sees (window_size=(window, 0); causal only),
 softmax_scale 1/sqrt(D) by default. Head dims 64, 128, 192 and 256; q/k and v head dims may differ (MLA:
 192/128). The FP8 forward computes both products in E4M3 with fp32 accumulation (P scaled into the
-format's normal range); a v laid out sequence-major (`quantize_heads(..., sequence_major=True)`) is
-the operand Hopper's FP8 tensor cores read without a transpose. Inputs are checked here (a one-line
+format's normal range); a v laid out sequence-major (`quantize_heads(..., sequence_major=True)`, its keys
+in the E4M3 operand's order) is the operand Hopper's FP8 tensor cores read without a transpose, and P goes
+into the product without moving between threads. Inputs are checked here (a one-line
 ValueError); cu_seqlens' values are not: reading them would need the host, and the kernels never do,
 so a step can be captured in a CUDA graph.
 """
@@ -207,8 +208,10 @@ def quantize_heads(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k or v for the FP8 forward: (E4M3 data, fp32 scales [B, H]), one scale per sequence and head. x is
     bf16/fp16 [B, S, H, D], or packed [total, H, D] with its cu_seqlens ([batch + 1] int32 on x's device).
-    `sequence_major` (for v): the data laid out with the sequence dim contiguous (each row padded to 16 bytes, as
-    TMA reads it), indexed as x."""
+    `sequence_major` (for v): the FP8 forward's v, the sequence dim contiguous. Dense, the keys of each
+    32-key block are in the order of wgmma's E4M3 register operand, and rows are padded with zeros to whole
+    blocks (kernel.quantize_per_head). Use it only as the forward's v; `kernel.natural_key_order` puts the keys
+    back in order. Packed, the data is indexed as x."""
     rank = 4 if cu_seqlens is None else 3
     if not isinstance(x, torch.Tensor) or x.ndim != rank or x.dtype not in SUPPORTED_DTYPES:
         layout = "[B, S, H, D]" if rank == 4 else "[total, H, D] (with cu_seqlens)"

@@ -70,7 +70,8 @@ FP8_DTYPE = torch.float8_e4m3fn
 # more than 2**8, FlashAttention-4's threshold. The tuned table's LAZY knob turns it on per head dim.
 RESCALE_ABOVE = 8.0
 # The FP8 forward's P goes to E4M3 for the PV product (_online_softmax's P_SHIFT): it stays under 2**8 = 256, inside
-# the format's 448, with the lazy rescale's threshold lowered to 2**4 to leave the shift 2**4 of that room.
+# the format's 448. With the lazy rescale (the table's LAZY, on at d256 only) its threshold is lowered to 2**4, to
+# leave the shift 2**4 of that room; without it, the shift is 2**8.
 FP8_P_BOUND_LOG2 = 8.0
 FP8_RESCALE_ABOVE = 4.0
 
@@ -98,6 +99,18 @@ def _warpgroup_acc(width, operand_bits=16):
 def _register_k_width(dtype):
     """Elements a thread holds together along K of wgmma's register A operand: 32 bits of them."""
     return 32 // dtype.primitive_bitwidth
+
+
+@gluon.jit
+def _operand_key_order(p):
+    """kernel.operand_key_order in Gluon: P [64, N] relabelled so that column key_position(j) of each 32-key block
+    holds column j. The accumulator's layout, so relabelled, is wgmma's E4M3 register operand's: P goes into the
+    operand without crossing threads. Converted from the accumulator as it is, P took 64 shuffles a thread and key
+    block, and the FP8 forward read 0.86-0.89x our bf16 forward at d128 against 1.02x now (H100,
+    docs/performance.md)."""
+    M: gl.constexpr = p.shape[0]
+    N: gl.constexpr = p.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(p, [M, N // 32, 2, 2, 2, 2, 2]), [0, 1, 2, 4, 5, 3, 6]), [M, N])
 
 
 @gluon.jit
@@ -273,8 +286,10 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
     p = gl.exp2(scores * qk_scale - gl.expand_dims(m_new - P_SHIFT, 1))
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout,
-                                                    k_width=_register_k_width(v_bufs.dtype))).to(v_bufs.dtype)
+    k_width: gl.constexpr = _register_k_width(v_bufs.dtype)
+    if k_width == 4:  # FP8: v's keys lie in the E4M3 operand's order (kernel.quantize_per_head)
+        p = _operand_key_order(p)
+    p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=k_width)).to(v_bufs.dtype)
     return p_op, gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1), m_new, l_i, moved
 
 
@@ -458,18 +473,19 @@ def _rows_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _sequence_major_viewable(v: torch.Tensor) -> bool:
-    """Whether v [B, S, H, D], laid out [B, H, D, S'] with S' >= S (kernel.quantize_per_head's sequence-major v,
-    its rows padded to 16 bytes), reads as [B x H x D, S] for TMA: a head's [D, keys] box at row (b x H + h) x D."""
+    """Whether v [B, S, H, D] is laid out [B, H, D, S'] in rows of whole 32-key blocks (kernel.quantize_per_head's
+    dense sequence-major v: its keys in the E4M3 operand's order within each block, zeros past them), which TMA
+    reads as [B x H x D, S']: a head's [D, keys] box at row (b x H + h) x D."""
     B, S, H, D = v.shape
     row = v.stride(3)
-    return (v.stride(1) == 1 and row >= S and v.stride(2) == D * row and (B == 1 or v.stride(0) == H * D * row)
-            and v.data_ptr() % 16 == 0 and (row * v.element_size()) % 16 == 0)
+    return (v.stride(1) == 1 and row >= S and row % 32 == 0 and v.stride(2) == D * row
+            and (B == 1 or v.stride(0) == H * D * row) and v.data_ptr() % 16 == 0)
 
 
 def _sequence_major_view(v: torch.Tensor) -> torch.Tensor:
-    """v [B, S, H, D] as [B x H x D, S]; `_sequence_major_viewable(v)` first."""
-    B, S, H, D = v.shape
-    return v.as_strided((B * H * D, S), (v.stride(3), 1))
+    """v [B, S, H, D] as [B x H x D, S'], its whole rows; `_sequence_major_viewable(v)` first."""
+    B, _, H, D = v.shape
+    return v.as_strided((B * H * D, v.stride(3)), (v.stride(3), 1))
 
 
 def stages_for(head_dim: int, element_size: int = 2) -> int:

@@ -72,6 +72,10 @@ LOG2E = math.log2(math.e)
 # goes into the exponent (no multiply) and, common to P @ V and the row sums, cancels in the output; only
 # the log-sum-exp takes it out again.
 P_SCALE_LOG2 = tl.constexpr(8.0)
+# The FP8 forward's v (quantize_per_head, dense and sequence-major) holds each 32-key block's keys in the order of
+# wgmma's E4M3 register operand (operand_key_order): P then goes from the scores' accumulator into that operand
+# without crossing threads (64 shuffles a thread and key block in the warp-specialized forward otherwise).
+KEY_ORDER_BLOCK = tl.constexpr(32)
 # Rows per program of the delta preprocess (a memory-bound row reduction).
 PREPROCESS_BLOCK_M = 64
 # Rows per program of the FP8 forward's quantization of q, k and v (memory-bound, one head per program).
@@ -196,19 +200,45 @@ def _rows(src, row0, col, stride_rows, rows_ok, offs_d, HEAD_DIM: tl.constexpr, 
     return tile
 
 
+def key_position(key: int) -> int:
+    """Where key `key` (of a 32-key block) lies in the FP8 forward's v: its position in wgmma's E4M3 register
+    operand, whose thread holds four adjacent keys of every 16 where the scores' accumulator held two of every 8
+    (a bit permutation of the key: bits 3, 2, 1 to 1, 3, 2)."""
+    return (key & 0b10001) | ((key & 0b1000) >> 2) | ((key & 0b0110) << 1)
+
+
+@triton.jit
+def _key_position(key):
+    """key_position, in a kernel."""
+    return (key & 0b10001) | ((key & 0b1000) >> 2) | ((key & 0b0110) << 1)
+
+
+@triton.jit
+def operand_key_order(p):
+    """P [M, N] (N a multiple of 32) with its keys in v's order (key_position): column key_position(j) of each
+    32-key block holds P's column j. A reshape and a permute of dims, which moves no data between threads: the
+    scores' accumulator layout, so relabelled, is wgmma's E4M3 register operand layout."""
+    M: tl.constexpr = p.shape[0]
+    N: tl.constexpr = p.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(p, [M, N // 32, 2, 2, 2, 2, 2]), [0, 1, 2, 4, 5, 3, 6]), [M, N])
+
+
 @triton.jit
 def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_kn, stride_vn, offs_m, offs_n,
                 offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
                 HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
                 FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr,
-                EMULATE: tl.constexpr, TMA: tl.constexpr):
+                EMULATE: tl.constexpr, TMA: tl.constexpr, KEY_ORDER: tl.constexpr):
     """The online softmax over key blocks lo..hi: running max m_i (base 2), running sum l_i, acc += P @ V.
     k and v come through `_rows` (TMA: descriptors, the block's rows from k_row0 + n0 and v_row0 + n0, the
     kv head's columns from k_col and v_col; else pointers, both row0 = 0); FP8's v with TMA is
     sequence-major: its [head dim, keys] tile at row v_col, column v_row0 + n0, transposed. FP8: P and its
-    row sums carry the factor 2^P_SCALE_LOG2 (P up to 256, fp8 for the P @ V product)."""
+    row sums carry the factor 2^P_SCALE_LOG2 (P up to 256, fp8 for the P @ V product). KEY_ORDER (FP8, dense):
+    v holds each 32-key block's keys at key_position (n0 is a multiple of 32): P is relabelled to match
+    (operand_key_order), and v's rows are read to the end of the last 32-key block, zeros past the keys."""
     p_shift: tl.constexpr = P_SCALE_LOG2 if FP8 else 0.0
+    v_end = tl.cdiv(seqlen_k, KEY_ORDER_BLOCK) * KEY_ORDER_BLOCK if KEY_ORDER else seqlen_k
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + offs_n
         key_ok = cols < seqlen_k
@@ -216,7 +246,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, st
         if TMA and FP8:
             v = tl.trans(v_src.load([v_col, v_row0 + n0]))
         else:
-            v = _rows(v_src, v_row0 + n0, v_col, stride_vn, key_ok, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
+            v = _rows(v_src, v_row0 + n0, v_col, stride_vn, cols < v_end, offs_dv, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             visible = _visible(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, diag, window, CAUSAL, WINDOW)
@@ -231,6 +261,8 @@ def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, st
         if FP8:  # noqa: SIM102 (compile-time flags)
             if EMULATE:  # the interpreter's fp8 cast needs values on the grid; P <= 256 < 448: no clamp on a GPU
                 p_operand = to_fp8_range(p, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
+        if KEY_ORDER:
+            p_operand = operand_key_order(p_operand)
         acc = tl.dot(p_operand.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
@@ -296,6 +328,7 @@ def _fwd_kernel(
         k_row0 = 0
         v_row0 = 0
 
+    key_order: tl.constexpr = FP8 and not VARLEN  # v's keys in the E4M3 operand's order (quantize_per_head)
     out_scale = 1.0
     if FP8:
         kv_index = b * (heads_q // group) + kvh
@@ -312,19 +345,19 @@ def _fwd_kernel(
                                 qk_scale,
                                 True, CAUSAL, WINDOW, BLOCK_N,
                                 HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE,
-                                TMA)
+                                TMA, key_order)
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_ks, stride_vs,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_lo, full_hi, seqlen_q, seqlen_k, diag, window,
                                 qk_scale,
                                 False, CAUSAL, WINDOW, BLOCK_N,
                                 HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE,
-                                TMA)
+                                TMA, key_order)
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_ks, stride_vs,
                                 offs_m, offs_n, offs_dqk, offs_dv, full_hi, hi, seqlen_q, seqlen_k, diag, window,
                                 qk_scale,
                                 True, CAUSAL, WINDOW, BLOCK_N,
                                 HEAD_DIM_QK, HEAD_DIM_V, BLOCK_DQK, BLOCK_DV, FP8, FP8_MAX, MANTISSA, MIN_EXP, EMULATE,
-                                TMA)
+                                TMA, key_order)
 
     # A row that saw no key (causal with Sq > Sk) has l_i = 0: output 0, LSE +inf.
     seen = l_i > 0.0
@@ -612,10 +645,10 @@ def _row_positions(rows, SEQ, seqlen, VARLEN: tl.constexpr):
 @triton.jit
 def _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
-               stride_ob, stride_os, stride_oh, stride_od):
+               stride_ob, stride_os, stride_oh, stride_od, KEY_ORDER: tl.constexpr = False):
     """The program's [BLOCK_S rows, head dim] tile of head program_id(1): x in fp32 (0 past the end), each row's
     sequence b (rows past the end take the last row's), which rows exist, and (offsets, mask) of the same
-    tile in an output of the given strides."""
+    tile in an output of the given strides (KEY_ORDER: each row at its key_position within its 32-key block)."""
     r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     h = tl.program_id(1)
     ok = r < rows
@@ -624,6 +657,8 @@ def _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd,
     mask = ok[:, None] & (d < HEAD_DIM)[None, :]
     b64, s64 = b.to(tl.int64)[:, None], s.to(tl.int64)[:, None]
     x = tl.load(X + b64 * stride_xb + s64 * stride_xs + h * stride_xh + d[None, :] * stride_xd, mask=mask, other=0.0)
+    if KEY_ORDER:
+        s64 = (s64 // KEY_ORDER_BLOCK) * KEY_ORDER_BLOCK + _key_position(s64 % KEY_ORDER_BLOCK)
     out_offsets = b64 * stride_ob + s64 * stride_os + h * stride_oh + d[None, :] * stride_od
     return x.to(tl.float32), b, ok, (out_offsets, mask)
 
@@ -656,11 +691,13 @@ def _head_cast_kernel(
     stride_qb, stride_qs, stride_qh, stride_qd,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
+    KEY_ORDER: tl.constexpr = False,
 ):
-    """Q = x * FP8_MAX / AMAX[b, h] in fp8, written through Q's strides (sequence-major or not)."""
+    """Q = x * FP8_MAX / AMAX[b, h] in fp8, written through Q's strides (sequence-major or not; KEY_ORDER: each
+    row at its key_position within its 32-key block)."""
     h = tl.program_id(1)
     x, b, _, q_offsets = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM,
-                                    BLOCK_D, BLOCK_S, VARLEN, stride_qb, stride_qs, stride_qh, stride_qd)
+                                    BLOCK_D, BLOCK_S, VARLEN, stride_qb, stride_qs, stride_qh, stride_qd, KEY_ORDER)
     factor = FP8_MAX / tl.maximum(tl.load(AMAX + b * heads + h), EPS)
     q = to_fp8_range(x * factor[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     offsets, mask = q_offsets
@@ -744,8 +781,8 @@ def _tma_view(t: torch.Tensor, shape: AttentionShape, head_dim: int, block_rows:
     if t.numel() == 0 or head_dim & (head_dim - 1) or t.data_ptr() % 16 or (sequence_major and shape.packed):
         return None
     heads, seq_dim = t.shape[-2], 0 if shape.packed else 1
-    if sequence_major:
-        row_stride, cols = t.stride(-1), t.shape[seq_dim]
+    if sequence_major:  # the whole padded row: quantize_per_head's keys (in their order) and zeros past them
+        row_stride = cols = t.stride(-1)
         band = heads * head_dim * row_stride  # one batch's rows
         layout_ok = t.stride(seq_dim) == 1 and t.stride(-2) == head_dim * row_stride
     else:
@@ -757,7 +794,7 @@ def _tma_view(t: torch.Tensor, shape: AttentionShape, head_dim: int, block_rows:
     if not (layout_ok and stacked and row_stride >= cols and (row_stride * size) % 16 == 0
             and (box[1] * size) % 16 == 0):
         return None
-    rows = t.numel() // cols
+    rows = t.numel() // (t.shape[seq_dim] if sequence_major else cols)
     return TensorDescriptor(t, [rows, cols], [row_stride, 1], box)
 
 
@@ -888,19 +925,28 @@ def quantize_per_head(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k or v (bf16/fp16; [B, S, H, D], or packed [total, H, D] with its cu_seqlens) in E4M3 with one
     fp32 scale per sequence and head, [B, H] contiguous ([batch, H] packed): `x ~= data * scale`.
-    `sequence_major`: the data is indexed as x but laid out with the sequence dim contiguous, the K-major
-    operand that the FP8 forward's P @ V product reads on Hopper: pass it for v. Two passes over x (the
-    amax, then the cast), no host sync (a packed row's sequence is found by a search of cu_seqlens).
-    Unchecked: kernels.attention.quantize_heads checks its input."""
+    `sequence_major`: the data laid out with the sequence dim contiguous, the K-major operand that the FP8
+    forward's P @ V product reads on Hopper: pass it for v. Dense, each 32-key block holds its keys in the
+    order of wgmma's E4M3 register operand (key s at key_position(s % 32); `natural_key_order` undoes it),
+    and a row runs to the end of the last block, zeros past the keys; packed, the keys are in order (indexed
+    as x) in rows padded to 16 bytes. Two passes over x (the amax, then the cast), no host sync (a packed
+    row's sequence is found by a search of cu_seqlens). Unchecked: kernels.attention.quantize_heads checks
+    its input."""
     fp8 = torch.float8_e4m3fn
     packed = cu_seqlens is not None
     (rows, heads, head_dim), seqlen = (x.shape, 1) if packed else ((x.shape[0] * x.shape[1], *x.shape[2:]), x.shape[1])
     batch = cu_seqlens.numel() - 1 if packed else x.shape[0]
-    if sequence_major:  # [B, H, D, S] in memory ([H, D, total] packed), indexed as x
+    key_order = sequence_major and not packed
+    if sequence_major:  # [B, H, D, S] in memory ([H, D, total] packed)
         order = (1, 2, 0) if packed else (0, 2, 3, 1)
-        # Rows of a 16-byte multiple (the sequence padded past its end), so that TMA reads them whatever S is.
+        # Rows of whole 32-key blocks (dense: the keys' order permutes within them) or of a 16-byte multiple
+        # (packed), so that TMA reads them whatever S is.
         stored = [x.shape[i] for i in order]
-        data = torch.empty([*stored[:-1], cdiv(stored[-1], 16) * 16], device=x.device, dtype=fp8)[..., :stored[-1]]
+        block = KEY_ORDER_BLOCK.value if key_order else 16
+        row = cdiv(stored[-1], block) * block
+        # The last key block's gaps hold zeros: P @ V reads them (times P = 0, which a NaN would survive).
+        allocate = torch.zeros if key_order and row != stored[-1] else torch.empty
+        data = allocate([*stored[:-1], row], device=x.device, dtype=fp8)[..., :stored[-1]]
         data = data.permute([order.index(i) for i in range(x.ndim)])
     else:
         data = torch.empty_like(x, dtype=fp8, memory_format=torch.contiguous_format)
@@ -916,8 +962,19 @@ def quantize_per_head(
                   "VARLEN": packed}
         _head_amax_kernel[grid](x, amax, seq, rows, seqlen, heads, *strides, **common)
         _head_cast_kernel[grid](x, data, amax, seq, rows, seqlen, heads, *strides, *out_strides, **common,
-                                **FORMAT_ARGS[fp8], EPS=AMAX_EPS)
+                                **FORMAT_ARGS[fp8], EPS=AMAX_EPS, KEY_ORDER=key_order)
     return data, amax.clamp_min(AMAX_EPS) / FP8_MAX[fp8]
+
+
+def natural_key_order(v8: torch.Tensor) -> torch.Tensor:
+    """A dense sequence-major v from quantize_per_head (keys at key_position within each 32-key block) with its
+    keys in order, [B, S, H, D] contiguous (a copy: for references and inspection)."""
+    B, S, H, D = v8.shape
+    row = v8.stride(3)
+    stored = v8.as_strided((B, H, D, row), (v8.stride(0), v8.stride(2), row, 1))
+    keys = torch.arange(S, device=v8.device)
+    positions = keys // KEY_ORDER_BLOCK.value * KEY_ORDER_BLOCK.value + key_position(keys % KEY_ORDER_BLOCK.value)
+    return stored[..., positions].permute(0, 3, 1, 2).contiguous()
 
 
 def quantize_qkv(

@@ -34,12 +34,13 @@ backward 1.19-1.27x the two-pass one with the WS dQ pass at d128, 1.02-1.07x at 
 two-pass one at d256). LAZY (2026-11-27, attention_ab.py, two calls of 101 and 151 rounds in shuffled order,
 H100): on at d128 and d256 (the warp-specialized forward 1.025-1.027x and 1.021-1.038x non-causal, 0.999-1.038x
 causal), off at d64 (0.95-0.97x). The same change in the Triton forward ran 0.89-0.96x at d128 and d256
-(1.07-1.09x at d64; its FP8 forward 0.92-0.96x; H200): it stays out of them. The FP8 forward's WS (2026-11-28,
-attention_ab.py --pass fp8, 5 shuffled rounds, H100, E4M3 q, k and v quantized outside the timing): on at d256
-(1.183-1.199x our bf16 forward with LAZY, 2.1x the Triton FP8 forward's 0.534-0.563x); off at d128 and d64,
-where the warp-specialized kernel ran 0.884-0.905x and 0.666-0.764x our bf16 forward against the Triton
-kernel's 0.876-0.953x and 0.901-0.914x: P's move from the accumulator's registers into wgmma's FP8 register
-operand costs each thread 64 shuffles a key block (hopper_ws.forward_ws).
+(1.07-1.09x at d64; its FP8 forward 0.92-0.96x; H200): it stays out of them. The FP8 forward's WS and LAZY (2026-11-27,
+attention_ab.py --pass fp8, 5 shuffled rounds, H100, E4M3 q, k and v quantized outside the timing, v's keys in
+the E4M3 operand's order): WS on at every head dim, the warp-specialized kernel 1.256-1.264x our bf16 forward at
+d256 (the Triton FP8 kernel 0.534-0.564x), 0.997-1.016x at d128 (0.860-0.877x), 0.877-0.919x at d64
+(0.856-0.897x), 1.015x on llama3-8b's GQA (0.948x); LAZY off at d128 and d64 (on: 0.967-0.977x and 0.713-0.870x,
+its per-block test of whether any row's max moved costs more than the rescales it skips), on at d256 (either
+way 1.25-1.26x).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
-    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 0, "LAZY": 1, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 0, "LAZY": 1, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
     "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
 }
 
@@ -144,10 +145,13 @@ def shared_memory_bytes(cfg: Mapping[str, int]) -> int:
 
 def fits(cfg: Mapping[str, int]) -> bool:
     """Whether the GPU can run a config well (the search skips the rest): it fits a Hopper SM's shared
-    memory (`shared_memory_bytes`), DQ_ATOMIC has query blocks of 64 rows or more, and WS is on only at
+    memory (`shared_memory_bytes`), DQ_ATOMIC has query blocks of 64 rows or more, an FP8 forward's key
+    blocks hold whole 32-key blocks (v's keys are ordered within them: kernel.key_position), and WS is on only at
     the head dims the pass's warp-specialized kernel serves (the fused backward's in the dK/dV buckets)."""
     if cfg.get("DQ_ATOMIC") and cfg["BLOCK_M"] < 64:
         return False  # dQ = dS K of 32 query rows is too short for wgmma: Triton falls back to mma.sync
+    if cfg.get("ELEMENT_BYTES") == 1 and cfg["BLOCK_N"] % 32:
+        return False
     ws_head_dims = hopper_ws.BWD_HEAD_DIMS if "DQ_ATOMIC" in cfg else hopper_ws.HEAD_DIMS
     if cfg.get("WS") and cfg["HEAD_DIM"] not in ws_head_dims:
         return False
