@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from kernels.attention.hopper_ws import FP8_DTYPE
 from kernels.attention.kernel import (
     AttentionFunction,
     AttentionShape,
@@ -42,7 +43,6 @@ from kernels.attention.kernel import (
 from kernels.common.device import check_same_device
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-FP8_DTYPE = torch.float8_e4m3fn
 SUPPORTED_HEAD_DIMS = (64, 128, 192, 256)
 
 

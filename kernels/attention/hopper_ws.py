@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -101,16 +103,17 @@ def _register_k_width(dtype):
     return 32 // dtype.primitive_bitwidth
 
 
-@gluon.jit
-def _operand_key_order(p):
-    """kernel.operand_key_order in Gluon: P [64, N] relabelled so that column key_position(j) of each 32-key block
-    holds column j. The accumulator's layout, so relabelled, is wgmma's E4M3 register operand's: P goes into the
-    operand without crossing threads. Converted from the accumulator as it is, P took 64 shuffles a thread and key
-    block, and the FP8 forward read 0.86-0.89x our bf16 forward at d128 against 1.02x now (H100,
-    docs/performance.md)."""
-    M: gl.constexpr = p.shape[0]
-    N: gl.constexpr = p.shape[1]
-    return gl.reshape(gl.permute(gl.reshape(p, [M, N // 32, 2, 2, 2, 2, 2]), [0, 1, 2, 4, 5, 3, 6]), [M, N])
+@triton.jit
+def operand_key_order(p):
+    """P [M, N] (N a multiple of 32) with its keys in v's order (kernel.key_position): column key_position(j) of
+    each 32-key block holds P's column j. A reshape and a permute of dims, which moves no data between threads:
+    the scores' accumulator layout, so relabelled, is wgmma's E4M3 register operand layout, and P goes into the
+    operand without crossing threads. Converted from the accumulator as it is, P took 64 shuffles a thread and
+    key block, and this FP8 forward read 0.86-0.89x our bf16 forward at d128 against 1.02x now (H100,
+    docs/performance.md). Both FP8 forwards call it (Gluon calls a @triton.jit function as its own)."""
+    M: tl.constexpr = p.shape[0]
+    N: tl.constexpr = p.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(p, [M, N // 32, 2, 2, 2, 2, 2]), [0, 1, 2, 4, 5, 3, 6]), [M, N])
 
 
 @gluon.jit
@@ -288,7 +291,7 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
     l_i = l_i * alpha + gl.sum(p, axis=1)
     k_width: gl.constexpr = _register_k_width(v_bufs.dtype)
     if k_width == 4:  # FP8: v's keys lie in the E4M3 operand's order (kernel.quantize_per_head)
-        p = _operand_key_order(p)
+        p = operand_key_order(p)
     p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=k_width)).to(v_bufs.dtype)
     return p_op, gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1), m_new, l_i, moved
 

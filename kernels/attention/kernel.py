@@ -73,8 +73,8 @@ LOG2E = math.log2(math.e)
 # the log-sum-exp takes it out again.
 P_SCALE_LOG2 = tl.constexpr(8.0)
 # The FP8 forward's v (quantize_per_head, dense and sequence-major) holds each 32-key block's keys in the order of
-# wgmma's E4M3 register operand (operand_key_order): P then goes from the scores' accumulator into that operand
-# without crossing threads (64 shuffles a thread and key block in the warp-specialized forward otherwise).
+# wgmma's E4M3 register operand (hopper_ws.operand_key_order): P then goes from the scores' accumulator into that
+# operand without crossing threads (64 shuffles a thread and key block in the warp-specialized forward otherwise).
 KEY_ORDER_BLOCK = tl.constexpr(32)
 # Rows per program of the delta preprocess (a memory-bound row reduction).
 PREPROCESS_BLOCK_M = 64
@@ -214,16 +214,6 @@ def _key_position(key):
 
 
 @triton.jit
-def operand_key_order(p):
-    """P [M, N] (N a multiple of 32) with its keys in v's order (key_position): column key_position(j) of each
-    32-key block holds P's column j. A reshape and a permute of dims, which moves no data between threads: the
-    scores' accumulator layout, so relabelled, is wgmma's E4M3 register operand layout."""
-    M: tl.constexpr = p.shape[0]
-    N: tl.constexpr = p.shape[1]
-    return tl.reshape(tl.permute(tl.reshape(p, [M, N // 32, 2, 2, 2, 2, 2]), [0, 1, 2, 4, 5, 3, 6]), [M, N])
-
-
-@triton.jit
 def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, stride_kn, stride_vn, offs_m, offs_n,
                 offs_dqk, offs_dv, lo, hi, seqlen_q, seqlen_k, diag, window, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -236,7 +226,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, st
     sequence-major: its [head dim, keys] tile at row v_col, column v_row0 + n0, transposed. FP8: P and its
     row sums carry the factor 2^P_SCALE_LOG2 (P up to 256, fp8 for the P @ V product). KEY_ORDER (FP8, dense):
     v holds each 32-key block's keys at key_position (n0 is a multiple of 32): P is relabelled to match
-    (operand_key_order), and v's rows are read to the end of the last 32-key block, zeros past the keys."""
+    (hopper_ws.operand_key_order), and v's rows are read to the end of the last 32-key block, zeros past the keys."""
     p_shift: tl.constexpr = P_SCALE_LOG2 if FP8 else 0.0
     v_end = tl.cdiv(seqlen_k, KEY_ORDER_BLOCK) * KEY_ORDER_BLOCK if KEY_ORDER else seqlen_k
     for n0 in range(lo, hi, BLOCK_N):
@@ -262,7 +252,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_src, v_src, k_row0, v_row0, k_col, v_col, st
             if EMULATE:  # the interpreter's fp8 cast needs values on the grid; P <= 256 < 448: no clamp on a GPU
                 p_operand = to_fp8_range(p, FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
         if KEY_ORDER:
-            p_operand = operand_key_order(p_operand)
+            p_operand = hopper_ws.operand_key_order(p_operand)
         acc = tl.dot(p_operand.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
