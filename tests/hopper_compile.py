@@ -101,10 +101,13 @@ def _ptxas_report(ptx: str) -> dict[str, int]:
 
 def _instructions(ptx: str) -> dict[str, int]:
     """Counts of PTX instructions; `shuffles`: indexed warp shuffles, what a layout conversion between threads
-    emits (the FP8 forward's P into the E4M3 operand, where v's key order should make it need none)."""
+    emits (the FP8 forward's P into the E4M3 operand, where v's key order should make it need none);
+    `byte_permutes`: prmt, what unpacking E4M3 bytes into registers of their own and packing them again emits (the
+    warp-specialized FP8 forward's P, carried to the next block's PV product as bytes, took 192)."""
     return {"wgmma": ptx.count("wgmma.mma_async"), "wgmma_e4m3": ptx.count("e4m3.e4m3"),
             "mma_sync": ptx.count("mma.sync"), "tma_loads": ptx.count("cp.async.bulk.tensor"),
-            "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor"), "shuffles": ptx.count("shfl.sync.idx")}
+            "tma_reduces": ptx.count("cp.reduce.async.bulk.tensor"), "shuffles": ptx.count("shfl.sync.idx"),
+            "byte_permutes": ptx.count("prmt.b32")}
 
 
 def compile_forward(fp8: bool, head_dim: int, tma: bool = False) -> dict[str, int]:

@@ -236,12 +236,14 @@ def _issue_scores(j, q, k_bufs, k_ready, s_layout: gl.constexpr, BLOCK_N: gl.con
 @gluon.jit
 def _issue_pv(j, p_op, v_bufs, v_ready, acc, STAGES: gl.constexpr, V_T: gl.constexpr):
     """acc += P V of key block j, issued (asynchronous) once its V has landed. V_T: the stage holds V^T [head dim,
-    keys], the keys contiguous: the K-major operand that an FP8 wgmma needs."""
+    keys], the keys contiguous: the K-major operand that an FP8 wgmma needs; P comes in fp32 then and is cast to
+    E4M3 here (see _online_softmax)."""
     s = j % STAGES
     mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
     v = v_bufs.index(s)
     if V_T:
         v = v.permute((1, 0))
+        p_op = p_op.to(v.dtype)
     return warpgroup_mma(p_op, v, acc, is_async=True)
 
 
@@ -292,7 +294,13 @@ def _online_softmax(j, scores, m_i, l_i, n_full, rows, diag, seqlen_k, qk_scale,
     k_width: gl.constexpr = _register_k_width(v_bufs.dtype)
     if k_width == 4:  # FP8: v's keys lie in the E4M3 operand's order (kernel.quantize_per_head)
         p = operand_key_order(p)
-    p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=k_width)).to(v_bufs.dtype)
+    p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=k_width))
+    if k_width != 4:
+        p_op = p_op.to(v_bufs.dtype)
+    # FP8: P stays fp32 until the next block's PV product casts it (_issue_pv). Carried to that block as E4M3, its
+    # bytes crossed the loop in registers of their own, each unpacked after the cast and packed again before the
+    # wgmma: 190 instructions a block on the softmax's path, a quarter of the loop (192 prmt in the PTX; the compile
+    # test holds it at none).
     return p_op, gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1), m_new, l_i, moved
 
 
@@ -452,7 +460,7 @@ def _attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, q_scale_ptr
         (_load_partition, (q_desc, k_desc, v_desc, q_desc, q_smem, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready,
                            v_ready, k_free, v_free, n_tiles, seqlen_q, seqlen_k, heads_q, group, heads_together,
                            HEAD_DIM, BLOCK_N, STAGES, CAUSAL, False, PERSISTENT, FP8)),
-    ], [4, 1], [232, 40])
+    ], [4, 1], [240, 24] if FP8 else [232, 40])  # FP8: the consumers' P in fp32 (_online_softmax) takes registers
 
 
 def shared_bytes(head_dim: int, block_n: int, stages: int, element_size: int = 2) -> int:

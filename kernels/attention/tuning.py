@@ -38,9 +38,10 @@ causal), off at d64 (0.95-0.97x). The same change in the Triton forward ran 0.89
 attention_ab.py --pass fp8, 5 shuffled rounds, H100, E4M3 q, k and v quantized outside the timing, v's keys in
 the E4M3 operand's order): WS on at every head dim, the warp-specialized kernel 1.256-1.264x our bf16 forward at
 d256 (the Triton FP8 kernel 0.534-0.564x), 0.997-1.016x at d128 (0.860-0.877x), 0.877-0.919x at d64
-(0.856-0.897x), 1.015x on llama3-8b's GQA (0.948x); LAZY off at d128 and d64 (on: 0.967-0.977x and 0.713-0.870x,
-its per-block test of whether any row's max moved costs more than the rescales it skips), on at d256 (either
-way 1.25-1.26x).
+(0.856-0.897x), 1.015x on llama3-8b's GQA (0.948x). Since P goes into the PV product without its bytes unpacked
+and packed again (2026-11-28, scratch A/B in 7 shuffled rounds, H100): LAZY on at d128 (1.234 / 1.197x our bf16
+forward, non-causal / causal, against 1.200 / 1.145x off) and d256 (1.445 / 1.430x against 1.402 / 1.377x), off at
+d64 (0.924 / 1.044x against 0.988 / 1.025x).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ TUNED_TABLE: dict[str, dict[str, int]] = {
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
     "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
     "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
 }
 
