@@ -503,10 +503,10 @@ def stages_for(head_dim: int, element_size: int = 2) -> int:
     """The K/V ring's depth in stages of key_block_for(head_dim) keys, as measured on the H100
     (benchmarks/attention_ab.py): d64 3 (4 stages 0.88-0.96x, 2 stages 0.95-0.98x), d128 2 (3 stages fit
     since the outputs need no scratch, and ran 0.98x), d256 2 (3 do not fit). FP8 (element_size 1): d256 3
-    (2 and 4 stages 0.987-1.007x of it, attention_ab.py --pass fp8), the others as bf16 (3 stages at d128
-    0.99-1.00x of 2)."""
-    if element_size == 1 and head_dim == 256:
-        return 3
+    (2 and 4 stages 0.987-1.007x of it, attention_ab.py --pass fp8), d128 2 (3 stages 0.99-1.00x of 2), d64 2
+    (since P reaches the PV product in fp32: 3 stages 0.993 / 0.972x of 2, non-causal / causal, 2026-11-28)."""
+    if element_size == 1:
+        return 3 if head_dim == 256 else 2
     return 3 if head_dim <= 64 else 2
 
 
