@@ -37,8 +37,6 @@ from kernels.attention.hopper_ws import (
     _attention_fwd_ws_kernel,
     bwd_dq_chunk,
     bwd_key_block,
-    key_block_for,
-    stages_for,
 )
 from kernels.attention.kernel import (
     QUANTIZE_ROWS,
@@ -56,8 +54,8 @@ from kernels.grouped_gemm.kernel import _grouped_mm_kernel, _grouped_mm_vark_ker
 HOPPER = GPUTarget("cuda", 90, 32)
 # The FP8 warp-specialized forward as the tuned table launches it at each head dim: (head dim, keys a stage,
 # stages, lazy rescale).
-FP8_WS_LAUNCHES = tuple((d, key_block_for(d), stages_for(d, 1), bool(config_for("fwd_fp8", d, d).LAZY))
-                        for d in HEAD_DIMS)
+FP8_WS_LAUNCHES = tuple((d, cfg.WS_BLOCK_N, cfg.WS_STAGES, bool(cfg.LAZY))
+                        for d, cfg in ((d, config_for("fwd_fp8", d, d)) for d in HEAD_DIMS))
 
 
 def _ptx(kernel, types: dict[str, str], constants: dict[str, object], num_warps: int = 4,

@@ -26,6 +26,7 @@ from kernels.attention import kernel as kernel_module
 from kernels.attention.tuning import (
     FP8_VARIANT,
     PASSES,
+    TUNABLE_SPACE,
     TUNED_TABLE,
     buckets_for,
     config_for,
@@ -509,16 +510,24 @@ def test_warp_specialized_knob(device):
     assert not fits(dict(TUNED_TABLE["fwd-d128"], WS=1, HEAD_DIM=192))
     assert fits(dict(TUNED_TABLE["bwd_kv-d128"], WS=1))
     assert fits(dict(TUNED_TABLE["bwd_kv-d256"], WS=1))  # d256: the warpgroups split the head dim
-    # 128 keys a stage, 64 at d256: three stages at d64, two at d128 (three fit, 224 KB) and d256; each fits
-    assert [hopper_ws.stages_for(d) for d in (64, 128, 256)] == [3, 2, 2]
-    assert all(hopper_ws.shared_bytes(d, hopper_ws.key_block_for(d), hopper_ws.stages_for(d)) <= SHARED_MEMORY_BYTES
-               for d in hopper_ws.HEAD_DIMS)
+    # The forward's keys a stage and ring depth are table knobs (WS_BLOCK_N, WS_STAGES) of the forward buckets
+    # alone, over the widths the kernel has layouts for; every table entry's ring fits, and `fits` refuses one
+    # that does not (two stages of 128 keys at d256: 288 KB).
+    assert TUNABLE_SPACE["WS_BLOCK_N"] == hopper_ws.BLOCK_NS
+    for pass_ in ("fwd", "fwd_fp8"):
+        for d in hopper_ws.HEAD_DIMS:
+            cfg = config_for(pass_, d, d)
+            element = TUNED_TABLE[f"{pass_}-d{d}"].get("ELEMENT_BYTES", 2)
+            assert hopper_ws.shared_bytes(d, cfg.WS_BLOCK_N, cfg.WS_STAGES, element) <= SHARED_MEMORY_BYTES
+    assert {config_for(p, 128, 128).WS_STAGES for p in ("bwd_kv", "bwd_q")} == {0}
+    assert not fits(dict(TUNED_TABLE["fwd-d256"], WS_BLOCK_N=128, WS_STAGES=2))
     q, k, v, _ = make(1, 70, 70, 2, 2, 128, 128, torch.float16, device)
+    ring = (config_for("fwd", 128, 128).WS_BLOCK_N, config_for("fwd", 128, 128).WS_STAGES)
     runs_here = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
-    assert hopper_ws.supported(q, k, v, True, None, False) == runs_here
-    assert not hopper_ws.supported(q, k, v, True, 16, False)  # a window
-    assert not hopper_ws.supported(q, k[:, :50], v[:, :50], True, None, False)  # causal, Sq > Sk
-    assert not hopper_ws.supported(q, k, v, False, None, True)  # packed
+    assert hopper_ws.supported(q, k, v, True, None, False, *ring) == runs_here
+    assert not hopper_ws.supported(q, k, v, True, 16, False, *ring)  # a window
+    assert not hopper_ws.supported(q, k[:, :50], v[:, :50], True, None, False, *ring)  # causal, Sq > Sk
+    assert not hopper_ws.supported(q, k, v, False, None, True, *ring)  # packed
     assert not hopper_ws.supported(q, k, v, False, None, False, 32, 2)  # a key block it has no layout for
     assert hopper_ws.supports_dq(q, k, v, q, True, None, False) == runs_here
     q256 = torch.zeros(1, 64, 2, 256, device=device, dtype=torch.float16)
@@ -576,7 +585,9 @@ def test_warp_specialized_forward_rescales_exactly_on_gpu(head_dim, causal, lazy
     k = (k.float() * torch.linspace(1.0, 12.0, 1500, device="cuda")[None, :, None, None]).to(torch.bfloat16)
     out = torch.full_like(q, math.nan)
     lse = torch.full((2, 4, 700), math.nan, device="cuda")
-    hopper_ws.forward_ws(q, k, v, out, lse, causal, kernel_module.LOG2E / math.sqrt(head_dim), lazy=lazy)
+    cfg = config_for("fwd", head_dim, head_dim)
+    hopper_ws.forward_ws(q, k, v, out, lse, causal, kernel_module.LOG2E / math.sqrt(head_dim), cfg.WS_BLOCK_N,
+                         cfg.WS_STAGES, lazy=lazy)
     assert snr_db(out, reference(q, k, v, torch.zeros_like(q), causal)[0]) >= snr_threshold("bf16")
     assert torch.isfinite(lse).all() and (lse.double() - reference_lse(q, k, causal)).abs().max() < 1e-3
 
@@ -589,11 +600,12 @@ def test_warp_specialized_forward_walks_several_tiles_a_cta_on_gpu(head_dim):
     bit for bit, into poisoned buffers, and float64's."""
     q, k, v, _ = make(3, 1000, 1300, 12, 4, head_dim, head_dim, torch.bfloat16, "cuda", seed=5)
     scale = kernel_module.LOG2E / math.sqrt(head_dim)
+    cfg = config_for("fwd", head_dim, head_dim)
     found = []
     for persistent in (True, False):
         out = torch.full_like(q, math.nan)
         lse = torch.full((3, 12, 1000), math.nan, device="cuda")
-        hopper_ws.forward_ws(q, k, v, out, lse, False, scale, persistent=persistent)
+        hopper_ws.forward_ws(q, k, v, out, lse, False, scale, cfg.WS_BLOCK_N, cfg.WS_STAGES, persistent=persistent)
         found.append((out, lse))
     (out, lse), (grid_out, grid_lse) = found
     assert torch.equal(out, grid_out) and torch.equal(lse, grid_lse)
@@ -680,7 +692,8 @@ def test_warp_specialized_causal_heads_side_by_side_on_gpu(monkeypatch):
     scales = (kernel_module.LOG2E / math.sqrt(128), 1 / math.sqrt(128))
     out = torch.full_like(q, math.nan)
     lse = torch.full((2, 4, 300), math.nan, device="cuda")
-    hopper_ws.forward_ws(q, k, v, out, lse, True, scales[0])
+    cfg = config_for("fwd", 128, 128)
+    hopper_ws.forward_ws(q, k, v, out, lse, True, scales[0], cfg.WS_BLOCK_N, cfg.WS_STAGES)
     want_out, *want = reference(q, k, v, g, True)
     assert snr_db(out, want_out) >= snr_threshold("bf16")
     lse = reference_lse(q, k, True).float()

@@ -30,7 +30,7 @@ from kernels.attention import (
 )
 from kernels.attention import quantize_heads as quantize
 from kernels.attention.kernel import LOG2E, key_position, natural_key_order
-from kernels.attention.tuning import FP8_VARIANT, buckets_for
+from kernels.attention.tuning import FP8_VARIANT, buckets_for, config_for
 from kernels.common.device import SHARED_MEMORY_BYTES
 from kernels.common.fp8 import AMAX_EPS, FP8_MAX
 from tests.compiled import BOTH_TRITONS, compiled
@@ -274,14 +274,15 @@ def test_fp8_forward_on_gpu(case):
     (2, 1000, 1000, 8, 2, 128), (1, 777, 1500, 4, 4, 64), (1, 513, 601, 4, 2, 256),
 ], ids=["gqa-d128", "q777-k1500-d64", "gqa-q513-k601-d256"])
 def test_warp_specialized_fp8_forward_on_gpu(case, causal):
-    """hopper_ws's FP8 forward at every head dim it serves (the tuned table runs it at d256 only), with its
-    default key block and stages, lazy rescale and not, into poisoned buffers, key counts that no key block
+    """hopper_ws's FP8 forward at every head dim it serves, with the tuned table's key block and stages, lazy
+    rescale and not, into poisoned buffers, key counts that no key block
     divides (v's sequence-major rows padded to 16 bytes for TMA): against float64 on the unquantized inputs
     and on the quantized ones, and its LSE (the P shift taken out) against float64's."""
     B, Sq, Sk, Hq, Hkv, D = case
     q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, torch.bfloat16, "cuda")
     (q8, k8, v8), scales = fp8_inputs(q, k, v)
-    assert hopper_ws.supported(q8, k8, v8, causal, None, False)
+    cfg = config_for("fwd_fp8", D, D)
+    assert hopper_ws.supported(q8, k8, v8, causal, None, False, cfg.WS_BLOCK_N, cfg.WS_STAGES)
     want = reference(q, k, v, g, causal)[0]
     on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g,
                              causal)[0]
@@ -289,8 +290,8 @@ def test_warp_specialized_fp8_forward_on_gpu(case, causal):
     for lazy in (True, False):
         out = torch.full_like(q, math.nan)
         lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
-        hopper_ws.forward_ws(q8, k8, v8, out, lse, causal, LOG2E / math.sqrt(D), lazy=lazy,
-                             scales=(scales.q, scales.k, scales.v))
+        hopper_ws.forward_ws(q8, k8, v8, out, lse, causal, LOG2E / math.sqrt(D), cfg.WS_BLOCK_N, cfg.WS_STAGES,
+                             lazy=lazy, scales=(scales.q, scales.k, scales.v))
         assert snr_db(out, want) >= FLOOR and snr_db(out, on_quantized) >= KERNEL_FLOOR, lazy
         assert torch.isfinite(lse).all() and (lse.double() - want_lse).abs().max() < 1e-3, lazy
 

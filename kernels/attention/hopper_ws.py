@@ -84,12 +84,6 @@ def fp8_softmax_shift(rescale_above):
     return FP8_P_BOUND_LOG2 - max(rescale_above, 0.0)
 
 
-def key_block_for(head_dim: int) -> int:
-    """Keys a stage: 128 (1.13-1.18x the throughput of 64 keys at 3 or 4 stages at d128, H100,
-    benchmarks/attention_ab.py), 64 at d256 (where two stages of 128 would not fit in shared memory)."""
-    return 128 if head_dim <= 128 else 64
-
-
 @gluon.constexpr_function
 def _warpgroup_acc(width, operand_bits=16):
     """The register layout of one warpgroup's [64, width] wgmma accumulator (bf16/fp16 operands, or fp8 with
@@ -499,17 +493,6 @@ def _sequence_major_view(v: torch.Tensor) -> torch.Tensor:
     return v.as_strided((B * H * D, v.stride(3)), (v.stride(3), 1))
 
 
-def stages_for(head_dim: int, element_size: int = 2) -> int:
-    """The K/V ring's depth in stages of key_block_for(head_dim) keys, as measured on the H100
-    (benchmarks/attention_ab.py): d64 3 (4 stages 0.88-0.96x, 2 stages 0.95-0.98x), d128 2 (3 stages fit
-    since the outputs need no scratch, and ran 0.98x), d256 2 (3 do not fit). FP8 (element_size 1): d256 3
-    (2 and 4 stages 0.987-1.007x of it, attention_ab.py --pass fp8), d128 2 (3 stages 0.99-1.00x of 2), d64 2
-    (since P reaches the PV product in fp32: 3 stages 0.993 / 0.972x of 2, non-causal / causal, 2026-11-28)."""
-    if element_size == 1:
-        return 3 if head_dim == 256 else 2
-    return 3 if head_dim <= 64 else 2
-
-
 def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None, packed: bool,
             dtypes: tuple[torch.dtype, ...] = _SERVED_DTYPES) -> bool:
     """What every kernel here needs of a problem (q and k first among `tensors`, of one of `dtypes`): see the
@@ -525,13 +508,11 @@ def _serves(tensors: tuple[torch.Tensor, ...], causal: bool, window: int | None,
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None, packed: bool,
-              block_n: int | None = None, stages: int | None = None) -> bool:
-    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (defaults:
-    key_block_for, stages_for): bf16 or fp16 q, k and v, or E4M3 ones (the FP8 forward) with v
-    sequence-major, as kernel.quantize_per_head writes it."""
+              block_n: int, stages: int) -> bool:
+    """Whether this forward runs the problem with block_n keys a stage, `stages` deep (the tuned table's
+    WS_BLOCK_N and WS_STAGES): bf16 or fp16 q, k and v, or E4M3 ones (the FP8 forward) with v sequence-major, as
+    kernel.quantize_per_head writes it."""
     D = q.shape[-1]
-    block_n = block_n or key_block_for(D)
-    stages = stages or stages_for(D, q.element_size())
     if not (block_n in BLOCK_NS and shared_bytes(D, block_n, stages, q.element_size()) <= SHARED_MEMORY_BYTES):
         return False
     if q.dtype == FP8_DTYPE:
@@ -566,12 +547,11 @@ def heads_together(causal: bool, shared_bytes_per_head: int, budget: int) -> int
 
 
 def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               causal: bool, qk_scale_log2: float, block_n: int | None = None, stages: int | None = None,
-               lazy: bool = True, persistent: bool = True,
-               scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+               causal: bool, qk_scale_log2: float, block_n: int, stages: int, lazy: bool = True,
+               persistent: bool = True, scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """out = softmax(q k^T) v and its natural-log LSE, the scores scaled by qk_scale_log2 / log2(e); q [B, Sq,
     Hq, D], k and v [B, Sk, Hkv, D], out like q, lse [B, Hq, Sq] fp32; block_n keys a stage, `stages` deep
-    (defaults: key_block_for, stages_for); `lazy`: the lazy rescale (_online_softmax, RESCALE_ABOVE), else the
+    (the tuned table's WS_BLOCK_N and WS_STAGES); `lazy`: the lazy rescale (_online_softmax, RESCALE_ABOVE), else the
     output is rescaled after every key block (the tuned table's LAZY knob). `persistent` (non-causal only):
     one CTA an SM walks the tiles, loading a tile's q and first K and V blocks while it finishes the previous
     one; causal tiles shorten along a head, and run a CTA each, longest first, as the hardware hands them
@@ -579,8 +559,6 @@ def forward_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     per sequence and head ([B, Hq], [B, Hkv], [B, Hkv], contiguous; `x ~= data * scale`); its lazy
     rescale's threshold is FP8_RESCALE_ABOVE. Check `supported` first."""
     B, Sq, Hq, D = q.shape
-    block_n = block_n or key_block_for(D)
-    stages = stages or stages_for(D, q.element_size())
     Sk, Hkv = k.shape[1], k.shape[2]
     n_tiles = cdiv(Sq, BLOCK_M.value) * B * Hq
     if n_tiles == 0:

@@ -829,9 +829,9 @@ def forward_into(
     q, k and v are E4M3 and both products run in FP8 (the `fwd_fp8` buckets of the tuned table). `config`:
     this launch config instead of the tuned table's (benchmarks pin one)."""
     cfg = config or config_for("fwd" if scales is None else "fwd_fp8", shape.head_dim_qk, shape.head_dim_v)
-    if cfg.WS and hopper_ws.supported(q, k, v, causal, window, shape.packed):
-        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E, lazy=bool(cfg.LAZY),
-                             scales=None if scales is None else (scales.q, scales.k, scales.v))
+    if cfg.WS and hopper_ws.supported(q, k, v, causal, window, shape.packed, cfg.WS_BLOCK_N, cfg.WS_STAGES):
+        hopper_ws.forward_ws(q, k, v, out, lse, causal, scale * LOG2E, cfg.WS_BLOCK_N, cfg.WS_STAGES,
+                             lazy=bool(cfg.LAZY), scales=None if scales is None else (scales.q, scales.k, scales.v))
         return
     grid = (cdiv(shape.seqlen_q, cfg.BLOCK_M), shape.batch * shape.heads_q)
     if grid[0] * grid[1] == 0:

@@ -7,10 +7,12 @@ MLA's 192/128 runs in the d256 buckets). BLOCK_M tiles queries and BLOCK_N keys 
 TMA 1 streams the pass's tiles through tensor descriptors instead of pointers (kernel.py's docstring;
 tensors without a [rows, heads x head dim] view fall back to pointers). WS 1: that pass runs on its
 warp-specialized Gluon kernel (hopper_ws.py) wherever it serves the problem: the forward and the dQ pass on
-128-row query blocks on two consumer warpgroups (the forward 128 keys a stage, 64 at d256; the dQ pass 64),
+128-row query blocks on two consumer warpgroups (the forward WS_BLOCK_N keys a stage; the dQ pass 64),
 and in the dK/dV buckets the fused backward (128 keys a CTA, 64 at d256; dQ by TMA reductions: no dQ pass
 runs, and the bwd_q bucket goes unused). The bucket's other knobs are the Triton kernel's, which runs the
-rest (packed, windowed, MLA problems; the dQ pass at d256; `deterministic`). DQ_ATOMIC, in the
+rest (packed, windowed, MLA problems; the dQ pass at d256; `deterministic`), but WS_BLOCK_N and WS_STAGES,
+in the forward buckets only: the warp-specialized forward's keys a stage and the depth of its K/V ring
+(hopper_ws.BLOCK_NS; `fits` holds the ring to an SM's shared memory). DQ_ATOMIC, in the
 dK/dV buckets only, 1: the Triton dK/dV pass also adds dQ atomically into an fp32 buffer and the dQ pass
 does not run (5 block matmuls per step of the backward instead of 7, at the cost of fp32 atomics and
 bit-exact repeats; the bwd_q bucket then goes unused). LAZY, in the forward buckets only, 1: the
@@ -41,7 +43,11 @@ d256 (the Triton FP8 kernel 0.534-0.564x), 0.997-1.016x at d128 (0.860-0.877x), 
 (0.856-0.897x), 1.015x on llama3-8b's GQA (0.948x). Since P goes into the PV product without its bytes unpacked
 and packed again (2026-11-28, scratch A/B in 7 shuffled rounds, H100): LAZY on at d128 (1.234 / 1.197x our bf16
 forward, non-causal / causal, against 1.200 / 1.145x off) and d256 (1.445 / 1.430x against 1.402 / 1.377x), off at
-d64 (0.924 / 1.044x against 0.988 / 1.025x).
+d64 (0.924 / 1.044x against 0.988 / 1.025x). WS_BLOCK_N and WS_STAGES (attention_ab.py, H100): 128 keys a stage
+(1.13-1.18x the throughput of 64 at 3 or 4 stages at d128), 64 at d256 (two stages of 128 do not fit); bf16 at d64
+3 stages (4: 0.88-0.96x, 2: 0.95-0.98x), at d128 2 (3: 0.98x), at d256 2 (3 do not fit); FP8 at d256 3 (2 and 4
+0.987-1.007x of it), at d128 2 (3: 0.99-1.00x), at d64 2 (since P reaches the PV product in fp32, 2026-11-28: 3
+stages 0.993 / 0.972x of 2, non-causal / causal).
 """
 
 from __future__ import annotations
@@ -61,27 +67,30 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "DQ_ATOMIC": (0, 1),
     "WS": (0, 1),
     "LAZY": (0, 1),
+    "WS_BLOCK_N": (64, 128),  # hopper_ws.BLOCK_NS
+    "WS_STAGES": (2, 3, 4),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 64},
-    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 128},
-    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 1, "LAZY": 1, "HEAD_DIM": 256},
+    "fwd-d64": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "WS_BLOCK_N": 128, "WS_STAGES": 3, "HEAD_DIM": 64},
+    "fwd-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 1, "WS_BLOCK_N": 128, "WS_STAGES": 2, "HEAD_DIM": 128},
+    "fwd-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "TMA": 1, "WS": 1, "LAZY": 1, "WS_BLOCK_N": 64, "WS_STAGES": 2, "HEAD_DIM": 256},
     "bwd_kv-d64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "TMA": 1, "DQ_ATOMIC": 1, "WS": 1, "HEAD_DIM": 64},
     "bwd_kv-d128": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_kv-d256": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "TMA": 0, "DQ_ATOMIC": 0, "WS": 1, "HEAD_DIM": 256},
     "bwd_q-d64": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "TMA": 0, "WS": 0, "HEAD_DIM": 64},
     "bwd_q-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "HEAD_DIM": 128},
     "bwd_q-d256": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "TMA": 1, "WS": 0, "HEAD_DIM": 256},
-    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
-    "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "WS": 1, "LAZY": 1, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d64": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 0, "WS_BLOCK_N": 128, "WS_STAGES": 2, "HEAD_DIM": 64, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d128": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "TMA": 0, "WS": 1, "LAZY": 1, "WS_BLOCK_N": 128, "WS_STAGES": 2, "HEAD_DIM": 128, "ELEMENT_BYTES": 1},
+    "fwd_fp8-d256": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2, "TMA": 0, "WS": 1, "LAZY": 1, "WS_BLOCK_N": 64, "WS_STAGES": 3, "HEAD_DIM": 256, "ELEMENT_BYTES": 1},
 }
 
 PASSES: tuple[str, ...] = ("fwd", "bwd_kv", "bwd_q")
 # Knobs of some passes only, held by their buckets alone (the search never adds a knob to a bucket).
 PASS_KNOBS: dict[str, tuple[str, ...]] = {"DQ_ATOMIC": ("bwd_kv",), "WS": ("fwd", "fwd_fp8", "bwd_kv", "bwd_q"),
-                                          "LAZY": ("fwd", "fwd_fp8")}
+                                          "LAZY": ("fwd", "fwd_fp8"), "WS_BLOCK_N": ("fwd", "fwd_fp8"),
+                                          "WS_STAGES": ("fwd", "fwd_fp8")}
 # The variant whose forward runs in FP8 (E4M3 q, k, v with per-head scales); its backward is the bf16 one.
 FP8_VARIANT = "e4m3-forward"
 
@@ -96,6 +105,8 @@ class AttentionConfig:
     DQ_ATOMIC: int = 0
     WS: int = 0
     LAZY: int = 0
+    WS_BLOCK_N: int = 0
+    WS_STAGES: int = 0
 
 
 def padded_head_dim(head_dim_qk: int, head_dim_v: int) -> int:
@@ -147,13 +158,17 @@ def shared_memory_bytes(cfg: Mapping[str, int]) -> int:
 def fits(cfg: Mapping[str, int]) -> bool:
     """Whether the GPU can run a config well (the search skips the rest): it fits a Hopper SM's shared
     memory (`shared_memory_bytes`), DQ_ATOMIC has query blocks of 64 rows or more, an FP8 forward's key
-    blocks hold whole 32-key blocks (v's keys are ordered within them: kernel.key_position), and WS is on only at
-    the head dims the pass's warp-specialized kernel serves (the fused backward's in the dK/dV buckets)."""
+    blocks hold whole 32-key blocks (v's keys are ordered within them: kernel.key_position), WS is on only at
+    the head dims the pass's warp-specialized kernel serves (the fused backward's in the dK/dV buckets), and the
+    warp-specialized forward's K/V ring (WS_BLOCK_N keys, WS_STAGES deep) fits beside its q tile."""
     if cfg.get("DQ_ATOMIC") and cfg["BLOCK_M"] < 64:
         return False  # dQ = dS K of 32 query rows is too short for wgmma: Triton falls back to mma.sync
     if cfg.get("ELEMENT_BYTES") == 1 and cfg["BLOCK_N"] % 32:
         return False
     ws_head_dims = hopper_ws.BWD_HEAD_DIMS if "DQ_ATOMIC" in cfg else hopper_ws.HEAD_DIMS
     if cfg.get("WS") and cfg["HEAD_DIM"] not in ws_head_dims:
+        return False
+    if "WS_STAGES" in cfg and cfg["HEAD_DIM"] in hopper_ws.HEAD_DIMS and hopper_ws.shared_bytes(
+            cfg["HEAD_DIM"], cfg["WS_BLOCK_N"], cfg["WS_STAGES"], cfg.get("ELEMENT_BYTES", 2)) > SHARED_MEMORY_BYTES:
         return False
     return shared_memory_bytes(cfg) <= SHARED_MEMORY_BYTES
