@@ -88,8 +88,7 @@ def test_fp8_forward_matches_float64(case, device, half_dtype):
     attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal, window=window, out=out, lse=lse, scales=scales)
     want = reference(q, k, v, g, causal, window)[0]
     assert snr_db(out, want) >= FLOOR, snr_db(out, want)
-    on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g,
-                             causal, window)[0]
+    on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g, causal, window)[0]
     assert snr_db(out, on_quantized) >= KERNEL_FLOOR, snr_db(out, on_quantized)
     # The LSE the backward reads: +inf on the rows that see no key, finite elsewhere, and right.
     blind = want.abs().amax(dim=(2, 3)) == 0  # [B, Sq]
@@ -108,8 +107,7 @@ def test_fp8_forward_through_tensor_descriptors(device, half_dtype, monkeypatch)
         q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, Dv, half_dtype, device)
         (q8, k8, v8), scales = fp8_inputs(q, k, v)
         out, _ = attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal, scales=scales)
-        on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g,
-                                 causal)[0]
+        on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g, causal)[0]
         assert snr_db(out, on_quantized) >= KERNEL_FLOOR, (Sk, D, snr_db(out, on_quantized))
     q, k, v, g, cu, _ = packed((0, 1, 70, 29, 60), (0, 1, 70, 29, 60), 4, 2, 64, 64, half_dtype, device)
     (q8, k8, v8), scales = fp8_inputs(q, k, v, cu, cu)
@@ -263,8 +261,7 @@ def test_fp8_forward_on_gpu(case):
     out = torch.full((B, Sq, Hq, Dv), math.nan, device="cuda", dtype=torch.bfloat16)
     attention_forward(q8, k8, v8, dense_shape(q8, k8, v8), causal, window=window, out=out, scales=scales)
     assert snr_db(out, reference(q, k, v, g, causal, window)[0]) >= FLOOR
-    on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g,
-                             causal, window)[0]
+    on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g, causal, window)[0]
     assert snr_db(out, on_quantized) >= KERNEL_FLOOR
 
 
@@ -275,17 +272,16 @@ def test_fp8_forward_on_gpu(case):
 ], ids=["gqa-d128", "q777-k1500-d64", "gqa-q513-k601-d256"])
 def test_warp_specialized_fp8_forward_on_gpu(case, causal):
     """hopper_ws's FP8 forward at every head dim it serves, with the tuned table's key block and stages, lazy
-    rescale and not, into poisoned buffers, key counts that no key block
-    divides (v's sequence-major rows padded to 16 bytes for TMA): against float64 on the unquantized inputs
-    and on the quantized ones, and its LSE (the P shift taken out) against float64's."""
+    rescale and not, into poisoned buffers, key counts that no key block divides (v's sequence-major rows padded
+    with zeros to whole 32-key blocks): against float64 on the unquantized inputs and on the quantized ones, and
+    its LSE (the P shift taken out) against float64's."""
     B, Sq, Sk, Hq, Hkv, D = case
     q, k, v, g = make(B, Sq, Sk, Hq, Hkv, D, D, torch.bfloat16, "cuda")
     (q8, k8, v8), scales = fp8_inputs(q, k, v)
     cfg = config_for("fwd_fp8", D, D)
     assert hopper_ws.supported(q8, k8, v8, causal, None, False, cfg.WS_BLOCK_N, cfg.WS_STAGES)
     want = reference(q, k, v, g, causal)[0]
-    on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g,
-                             causal)[0]
+    on_quantized = reference(*dequantized_qkv(q8, k8, v8, scales), g, causal)[0]
     want_lse = reference_lse(dequantized(q8, scales.q), dequantized(k8, scales.k), causal)
     for lazy in (True, False):
         out = torch.full_like(q, math.nan)

@@ -72,8 +72,8 @@ FP8_DTYPE = torch.float8_e4m3fn
 # more than 2**8, FlashAttention-4's threshold. The tuned table's LAZY knob turns it on per head dim.
 RESCALE_ABOVE = 8.0
 # The FP8 forward's P goes to E4M3 for the PV product (_online_softmax's P_SHIFT): it stays under 2**8 = 256, inside
-# the format's 448. With the lazy rescale (the table's LAZY, on at d256 only) its threshold is lowered to 2**4, to
-# leave the shift 2**4 of that room; without it, the shift is 2**8.
+# the format's 448. With the lazy rescale (the table's LAZY, on at d128 and d256) its threshold is lowered to 2**4,
+# to leave the shift 2**4 of that room; without it, the shift is 2**8.
 FP8_P_BOUND_LOG2 = 8.0
 FP8_RESCALE_ABOVE = 4.0
 
