@@ -160,7 +160,7 @@ def compile_quantization(packed: bool) -> dict[str, int]:
     """The amax and cast kernels of quantize_heads at d128: bf16 in, E4M3 out (sequence-major when packed)."""
     tile = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": QUANTIZE_ROWS, "VARLEN": packed, "stride_xd": 1}
     amax = _ptx(_head_amax_kernel, {"X": "*bf16", "AMAX": "*fp32", "SEQ": "*i32"}, tile)
-    cast = _ptx(_head_cast_kernel, {"X": "*bf16", "Q": "*fp8e4nv", "AMAX": "*fp32", "SEQ": "*i32"},
+    cast = _ptx(_head_cast_kernel, {"X": "*bf16", "Q": "*fp8e4nv", "AMAX": "*fp32", "SCALE": "*fp32", "SEQ": "*i32"},
                 tile | {("stride_qs" if packed else "stride_qd"): 1, **FORMAT_ARGS[torch.float8_e4m3fn],
                         "EMULATE": False, "EPS": 1e-12})
     return _atomics(amax) | {"cvt_e4m3": cast.count("e4m3x2")}

@@ -28,6 +28,7 @@ from kernels.attention import (
     hopper_ws,
     packed_shape,
 )
+from kernels.attention import kernel as kernel_module
 from kernels.attention import quantize_heads as quantize
 from kernels.attention.kernel import LOG2E, key_position, natural_key_order
 from kernels.attention.tuning import FP8_VARIANT, buckets_for, config_for
@@ -161,6 +162,24 @@ def test_quantize_heads_scales_each_sequence_and_head(device, half_dtype):
         assert (qp8[start:start + n].float().abs().amax(dim=(0, 2)) == E4M3_MAX).all()
     vp8, _ = quantize(vp, cu, sequence_major=True)  # packed: the keys in order (sequences start at any key)
     assert vp8.stride(0) == 1 and torch.equal(vp8.float(), quantize(vp, cu)[0].float())
+
+
+def test_quantize_heads_writes_the_scale_of_every_sequence(device, half_dtype):
+    """The cast kernel writes the scales, a row block of sequences at a time: 70 packed sequences (more than
+    a block), empty ones among them, each head's scale its own amax over 448, the floor's where empty."""
+    g = torch.Generator().manual_seed(7)
+    lens = torch.randint(0, 4, (70,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+    x = (torch.randn(int(cu[-1]), 2, 64, generator=g) * torch.rand(int(cu[-1]), 2, 1, generator=g) * 8)
+    x = x.to(device=device, dtype=half_dtype)
+    scale = torch.full((70, 2), math.nan, device=device)  # poisoned: every entry must be written
+    amax = torch.zeros(70, 2, device=device)
+    _, got = kernel_module.quantize_per_head(x, cu.to(device), amax=amax, scale=scale)
+    assert got.data_ptr() == scale.data_ptr()
+    for b in range(70):
+        rows = x[int(cu[b]):int(cu[b + 1])].float()
+        want = rows.abs().amax(dim=(0, 2)) / E4M3_MAX if len(rows) else torch.full((2,), AMAX_EPS / E4M3_MAX)
+        torch.testing.assert_close(scale[b].cpu(), want.cpu(), rtol=2**-23, atol=0)
 
 
 @pytest.mark.parametrize("packed_step", [False, True], ids=["dense", "packed"])

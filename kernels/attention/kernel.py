@@ -677,14 +677,15 @@ def _head_amax_kernel(
 @fast_launch
 @triton.jit
 def _head_cast_kernel(
-    X, Q, AMAX, SEQ, rows, seqlen, heads, stride_xb, stride_xs, stride_xh, stride_xd,
+    X, Q, AMAX, SCALE, SEQ, rows, seqlen, batch, heads, stride_xb, stride_xs, stride_xh, stride_xd,
     stride_qb, stride_qs, stride_qh, stride_qd,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
     FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, EMULATE: tl.constexpr, EPS: tl.constexpr,
     KEY_ORDER: tl.constexpr = False,
 ):
     """Q = x * FP8_MAX / AMAX[b, h] in fp8, written through Q's strides (sequence-major or not; KEY_ORDER: each
-    row at its key_position within its 32-key block)."""
+    row at its key_position within its 32-key block); the first row block's programs also write each head's
+    scales, SCALE[b, h] = max(AMAX[b, h], EPS) / FP8_MAX (rounded as torch divides), for every sequence b."""
     h = tl.program_id(1)
     x, b, _, q_offsets = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM,
                                     BLOCK_D, BLOCK_S, VARLEN, stride_qb, stride_qs, stride_qh, stride_qd, KEY_ORDER)
@@ -692,6 +693,11 @@ def _head_cast_kernel(
     q = to_fp8_range(x * factor[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     offsets, mask = q_offsets
     tl.store(Q + offsets, q.to(Q.dtype.element_ty), mask=mask)
+    if tl.program_id(0) == 0:
+        for b0 in range(0, batch, BLOCK_S):
+            seqs = b0 + tl.arange(0, BLOCK_S)
+            amax = tl.load(AMAX + seqs * heads + h, mask=seqs < batch, other=0.0)
+            tl.store(SCALE + seqs * heads + h, tl.div_rn(tl.maximum(amax, EPS), FP8_MAX), mask=seqs < batch)
 
 
 # --- launchers ----------------------------------------------------------------------------------------
@@ -912,6 +918,7 @@ def backward_into(
 
 def quantize_per_head(
     x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, sequence_major: bool = False,
+    amax: torch.Tensor | None = None, scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k or v (bf16/fp16; [B, S, H, D], or packed [total, H, D] with its cu_seqlens) in E4M3 with one
     fp32 scale per sequence and head, [B, H] contiguous ([batch, H] packed): `x ~= data * scale`.
@@ -920,8 +927,9 @@ def quantize_per_head(
     order of wgmma's E4M3 register operand (key s at key_position(s % 32); `natural_key_order` undoes it),
     and a row runs to the end of the last block, zeros past the keys; packed, the keys are in order (indexed
     as x) in rows padded to 16 bytes. Two passes over x (the amax, then the cast), no host sync (a packed
-    row's sequence is found by a search of cu_seqlens). Unchecked: kernels.attention.quantize_heads checks
-    its input."""
+    row's sequence is found by a search of cu_seqlens). `amax` (zeroed) and `scale`: fp32 [batch, H] buffers to
+    use (quantize_qkv cuts all three tensors' from one allocation: one memset). Unchecked:
+    kernels.attention.quantize_heads checks its input."""
     fp8 = torch.float8_e4m3fn
     packed = cu_seqlens is not None
     (rows, heads, head_dim), seqlen = (x.shape, 1) if packed else ((x.shape[0] * x.shape[1], *x.shape[2:]), x.shape[1])
@@ -940,7 +948,10 @@ def quantize_per_head(
         data = data.permute([order.index(i) for i in range(x.ndim)])
     else:
         data = torch.empty_like(x, dtype=fp8, memory_format=torch.contiguous_format)
-    amax = torch.zeros((batch, heads), device=x.device, dtype=torch.float32)
+    if amax is None:
+        amax = torch.zeros((batch, heads), device=x.device, dtype=torch.float32)
+    if scale is None:
+        scale = torch.empty((batch, heads), device=x.device, dtype=torch.float32)
     if rows and heads and head_dim:
         # Each row's sequence, for the packed form; dense rows find theirs by division (SEQ not read).
         seq = torch.searchsorted(cu_seqlens[1:], torch.arange(rows, device=x.device, dtype=cu_seqlens.dtype),
@@ -951,9 +962,11 @@ def quantize_per_head(
         common = {"HEAD_DIM": head_dim, "BLOCK_D": next_power_of_2(head_dim), "BLOCK_S": QUANTIZE_ROWS,
                   "VARLEN": packed}
         _head_amax_kernel[grid](x, amax, seq, rows, seqlen, heads, *strides, **common)
-        _head_cast_kernel[grid](x, data, amax, seq, rows, seqlen, heads, *strides, *out_strides, **common,
-                                **FORMAT_ARGS[fp8], EPS=AMAX_EPS, KEY_ORDER=key_order)
-    return data, amax.clamp_min(AMAX_EPS) / FP8_MAX[fp8]
+        _head_cast_kernel[grid](x, data, amax, scale, seq, rows, seqlen, batch, heads, *strides, *out_strides,
+                                **common, **FORMAT_ARGS[fp8], EPS=AMAX_EPS, KEY_ORDER=key_order)
+    else:  # nothing to read: the scales of all-zero heads
+        scale.fill_(AMAX_EPS / FP8_MAX[fp8])
+    return data, scale
 
 
 def natural_key_order(v8: torch.Tensor) -> torch.Tensor:
@@ -970,10 +983,18 @@ def natural_key_order(v8: torch.Tensor) -> torch.Tensor:
 def quantize_qkv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], HeadScales]:
-    """q, k and v of a checked problem quantized for the FP8 forward (v sequence-major), and their scales."""
-    q8, q_scale = quantize_per_head(q, shape.cu_seqlens_q)
-    k8, k_scale = quantize_per_head(k, shape.cu_seqlens_k)
-    v8, v_scale = quantize_per_head(v, shape.cu_seqlens_k, sequence_major=True)
+    """q, k and v of a checked problem quantized for the FP8 forward (v sequence-major), and their scales. One
+    zeroed buffer holds the three tensors' amaxes and one their scales: one memset, and each cast kernel
+    writes its scales, where each tensor took a memset and two torch ops besides its two kernels."""
+    heads = (q.shape[-2], k.shape[-2], v.shape[-2])
+    sizes = [shape.batch * h for h in heads]
+    amax = [a.view(shape.batch, h) for a, h in zip(
+        torch.zeros(sum(sizes), device=q.device, dtype=torch.float32).split(sizes), heads, strict=True)]
+    scale = [s.view(shape.batch, h) for s, h in zip(
+        torch.empty(sum(sizes), device=q.device, dtype=torch.float32).split(sizes), heads, strict=True)]
+    q8, q_scale = quantize_per_head(q, shape.cu_seqlens_q, amax=amax[0], scale=scale[0])
+    k8, k_scale = quantize_per_head(k, shape.cu_seqlens_k, amax=amax[1], scale=scale[1])
+    v8, v_scale = quantize_per_head(v, shape.cu_seqlens_k, sequence_major=True, amax=amax[2], scale=scale[2])
     return (q8, k8, v8), HeadScales(q_scale, k_scale, v_scale)
 
 
