@@ -633,14 +633,13 @@ def _row_positions(rows, SEQ, seqlen, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd,
+def _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, block, h,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr,
                stride_ob, stride_os, stride_oh, stride_od, KEY_ORDER: tl.constexpr = False):
-    """The program's [BLOCK_S rows, head dim] tile of head program_id(1): x in fp32 (0 past the end), each row's
+    """Row block `block`'s [BLOCK_S rows, head dim] tile of head h: x in fp32 (0 past the end), each row's
     sequence b (rows past the end take the last row's), which rows exist, and (offsets, mask) of the same
     tile in an output of the given strides (KEY_ORDER: each row at its key_position within its 32-key block)."""
-    r = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    h = tl.program_id(1)
+    r = block * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = r < rows
     b, s = _row_positions(tl.minimum(r, rows - 1), SEQ, seqlen, VARLEN)
     d = tl.arange(0, BLOCK_D)
@@ -663,8 +662,8 @@ def _head_amax_kernel(
     in as fp32 bits by a relaxed integer atomic (non-negative floats order as their bits; only the next launch
     reads them): one for the block where its rows share a sequence, one per row where they do not."""
     h = tl.program_id(1)
-    x, b, ok, _ = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM, BLOCK_D,
-                             BLOCK_S, VARLEN, 0, 0, 0, 0)  # no output
+    x, b, ok, _ = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, tl.program_id(0), h,
+                             HEAD_DIM, BLOCK_D, BLOCK_S, VARLEN, 0, 0, 0, 0)  # no output
     row_max = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
     amax_bits = AMAX.to(tl.pointer_type(tl.int32))
     first, last = tl.min(b), tl.max(b)  # rows past the end took the last row's sequence
@@ -685,15 +684,18 @@ def _head_cast_kernel(
 ):
     """Q = x * FP8_MAX / AMAX[b, h] in fp8, written through Q's strides (sequence-major or not; KEY_ORDER: each
     row at its key_position within its 32-key block); the first row block's programs also write each head's
-    scales, SCALE[b, h] = max(AMAX[b, h], EPS) / FP8_MAX (rounded as torch divides), for every sequence b."""
-    h = tl.program_id(1)
-    x, b, _, q_offsets = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, HEAD_DIM,
-                                    BLOCK_D, BLOCK_S, VARLEN, stride_qb, stride_qs, stride_qh, stride_qd, KEY_ORDER)
+    scales, SCALE[b, h] = max(AMAX[b, h], EPS) / FP8_MAX (IEEE-rounded), for every sequence b. Tiles go in the
+    amax kernel's order reversed, so that the cast's first reads find what the amax pass read last in the L2."""
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.num_programs(1) - 1 - tl.program_id(1)
+    x, b, _, q_offsets = _head_tile(X, SEQ, rows, seqlen, stride_xb, stride_xs, stride_xh, stride_xd, block, h,
+                                    HEAD_DIM, BLOCK_D, BLOCK_S, VARLEN, stride_qb, stride_qs, stride_qh, stride_qd,
+                                    KEY_ORDER)
     factor = FP8_MAX / tl.maximum(tl.load(AMAX + b * heads + h), EPS)
     q = to_fp8_range(x * factor[:, None], FP8_MAX, MANTISSA, MIN_EXP, EMULATE)
     offsets, mask = q_offsets
     tl.store(Q + offsets, q.to(Q.dtype.element_ty), mask=mask)
-    if tl.program_id(0) == 0:
+    if block == 0:
         for b0 in range(0, batch, BLOCK_S):
             seqs = b0 + tl.arange(0, BLOCK_S)
             amax = tl.load(AMAX + seqs * heads + h, mask=seqs < batch, other=0.0)
