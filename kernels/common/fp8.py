@@ -197,12 +197,16 @@ def _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_RO
 
 
 @triton.jit
-def _tile_of_program(column_blocks):
+def _tile_of_program(column_blocks, LAST_FIRST: tl.constexpr = False):
     """(token block, column block) of this program of a 1-D grid, column blocks the faster: programs that
     run side by side read neighbouring column blocks of the same rows, whole rows of x between them. With
     token blocks the faster, they read one 256-byte piece of each row at a time, rows 4-14 KB apart at
-    the widths of DeepSeek-V3's experts (docs/performance.md, "... the quantization kernels' grid order")."""
+    the widths of DeepSeek-V3's experts (docs/performance.md, "... the quantization kernels' grid order").
+    LAST_FIRST: the tiles in reverse, for a pass that follows one over the same tiles in order (the casts
+    after the amax pass): its first reads find in the L2 what the pass before read last."""
     pid = tl.program_id(0)
+    if LAST_FIRST:
+        pid = tl.num_programs(0) - 1 - pid
     return pid // column_blocks, pid % column_blocks
 
 
@@ -309,8 +313,9 @@ def _quantize_both_kernel(
     SOURCE_AMAX (rowwise, GATHER): the amaxes are those of x's own rows (row_amax, one a token) and columns
     (group_amax: one a column over all tokens, then the largest |weight|); see quantize_both.
     UNWEIGHTED_ROWS (WEIGHTED, rowwise or blockwise): the weight scales q^T only, q holds the rows as read.
+    Rowwise and tensorwise, the tiles go in the amax pass's order reversed (_tile_of_program's LAST_FIRST).
     """
-    tb, cb = _tile_of_program(tl.cdiv(C, BLOCK_C))
+    tb, cb = _tile_of_program(tl.cdiv(C, BLOCK_C), MODE != 2)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < C
     rows, row_mask, g = _token_block(tb, offs_ptr, padded_offs_ptr, block_groups_ptr, G, R, GROUP_ROWS, EQUAL_GROUPS,
