@@ -986,14 +986,13 @@ def quantize_qkv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], HeadScales]:
     """q, k and v of a checked problem quantized for the FP8 forward (v sequence-major), and their scales. One
-    zeroed buffer holds the three tensors' amaxes and one their scales: one memset, and each cast kernel
-    writes its scales, where each tensor took a memset and two torch ops besides its two kernels."""
-    heads = (q.shape[-2], k.shape[-2], v.shape[-2])
-    sizes = [shape.batch * h for h in heads]
-    amax = [a.view(shape.batch, h) for a, h in zip(
-        torch.zeros(sum(sizes), device=q.device, dtype=torch.float32).split(sizes), heads, strict=True)]
-    scale = [s.view(shape.batch, h) for s, h in zip(
-        torch.empty(sum(sizes), device=q.device, dtype=torch.float32).split(sizes), heads, strict=True)]
+    zeroed buffer holds the three tensors' amaxes and their scales: one memset, and each cast kernel writes its
+    scales, where each tensor took a memset and two torch ops besides its two kernels."""
+    heads = [x.shape[-2] for x in (q, k, v)]
+    # Row 0: the amaxes, row 1: the scales; each cut into [batch, H] pieces for q, k and v.
+    amax, scale = ([part.view(shape.batch, h) for part, h in zip(row.split([shape.batch * h for h in heads]), heads,
+                                                                 strict=True)]
+                   for row in torch.zeros(2, shape.batch * sum(heads), device=q.device, dtype=torch.float32))
     q8, q_scale = quantize_per_head(q, shape.cu_seqlens_q, amax=amax[0], scale=scale[0])
     k8, k_scale = quantize_per_head(k, shape.cu_seqlens_k, amax=amax[1], scale=scale[1])
     v8, v_scale = quantize_per_head(v, shape.cu_seqlens_k, sequence_major=True, amax=amax[2], scale=scale[2])
