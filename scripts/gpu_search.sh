@@ -3,7 +3,9 @@
 # against each other in one call; one screening round on 1 GPU and on 2. Each part fits one device call
 # (under 10 minutes); carry .whl (pydantic, gitpython). Results land in $OUT/results.tgz.
 # OP, VARIANT, SHAPES (default grouped_gemm_fp8, e4m3-rowwise, headline) name the campaign's op; MINUTES
-# (default 6) its rounds; GPUS=0 (a CUDA_VISIBLE_DEVICES list) keeps it to those GPUs.
+# (default 6) its rounds; TIMING (default auto; cuda-graph times the kernels alone, for presets whose shapes are
+# host-bound, where a tile config cannot move the host time) its manifest's timing; GPUS=0 (a
+# CUDA_VISIBLE_DEVICES list) keeps it to those GPUs.
 #   scripts/gpu_search.sh campaign [algorithm]   # from every bucket at 64x64x128, GROUP_M 1, 4 warps, 2 stages
 #   scripts/gpu_search.sh tuned [algorithm]      # from the op's tuned table as the repo holds it
 #   scripts/gpu_search.sh resume                 # the same campaign, on the same (still warm) machine
@@ -28,6 +30,7 @@ variant: $VARIANT
 shapes: $SHAPES
 max_iterations: 20
 max_duration_min: ${MINUTES:-6}
+timing: ${TIMING:-auto}
 repeats: 20
 proposer: {kind: search, algorithm: ${1:-halving}}
 YAML
@@ -68,6 +71,7 @@ PY
     for run in repo-1 best-1 best-2 repo-2; do
       cp "$WORK/${run%-*}.py" "$TUNING"
       step "bench-$run" 140 python3 -m agent bench --op "$OP" --variant "$VARIANT" --shapes "$SHAPES" \
+        ${TIMING:+--timing "$TIMING"} \
         --repeats 20 --summary-csv "$WORK/$run.csv"
     done
     cp "$WORK/best.py" "$TUNING"
