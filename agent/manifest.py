@@ -19,6 +19,9 @@ from harness.schema import SCHEMAS, CsvSchema, register_schema
 from harness.shapes import Shape
 
 Metric = Literal["forward", "backward", "step"]
+# How a campaign's benches and its search's trials time a call ("auto": the harness's default for the device;
+# cuda-graph: the kernels alone, replayed, for shapes whose host time would set the numbers).
+TimingChoice = Literal["auto", "cuda-events", "cuda-graph"]
 # Where the placeholders of an external target's commands are filled in: the summary CSV to write, and
 # a YAML file of the shapes to run (optional: a command may run its own shape set).
 CSV_PLACEHOLDER, SHAPES_PLACEHOLDER = "{csv}", "{shapes}"
@@ -119,7 +122,7 @@ class Manifest(BaseModel):
     git_commit: bool = True
     max_iterations: int = Field(default=10, ge=1, lt=120)
     max_duration_min: float = Field(default=240.0, gt=0)
-    timing: Literal["auto", "cuda-events", "cuda-graph"] = "auto"
+    timing: TimingChoice = "auto"
     repeats: int | None = Field(default=None, ge=1)
     # Also time with fresh input tensors every call; a gain that vanishes there is rejected as overfit.
     fresh_inputs: bool = True

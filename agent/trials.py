@@ -24,7 +24,7 @@ from typing import TextIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.manifest import Metric
+from agent.manifest import Metric, TimingChoice
 from harness.files import atomic_write_text
 from harness.quick_test_bench import Screen, ShapeResult, prepare_bench
 from harness.registry import get_spec
@@ -54,11 +54,14 @@ class TrialJob(BaseModel):
     configs: list[dict[str, int]]
     # timed calls per config at the lowest fidelity (the search multiplies it)
     repeats: int = Field(ge=1)
+    # the campaign's timing: trials time a config as its benches will, or a screen on host-bound shapes ranks
+    # configs by the host's noise
+    timing: TimingChoice = "auto"
 
     def screen_key(self) -> str:
         """What a worker's Screen is made for besides its shapes: jobs alike in this, on some of its shapes,
         share its inputs and references."""
-        return self.model_dump_json(include={"op", "variant", "dtype"})
+        return self.model_dump_json(include={"op", "variant", "dtype", "timing"})
 
 
 class TrialScores(BaseModel):
@@ -86,7 +89,8 @@ def trial_repeats() -> int:
 
 def make_screen(job: TrialJob) -> Screen:
     return Screen(prepare_bench(get_spec(job.op), job.shapes, shapes_source=f"trials of {job.bucket}",
-                                dtype=job.dtype, variant=job.variant, warmup=TRIAL_WARMUP, checks="basic"))
+                                dtype=job.dtype, variant=job.variant, warmup=TRIAL_WARMUP, checks="basic",
+                                timing_mode=None if job.timing == "auto" else job.timing))
 
 
 def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialScores:

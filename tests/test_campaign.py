@@ -18,14 +18,15 @@ from typer.testing import CliRunner
 
 from agent.bench import BenchRequest
 from agent.cli import app
-from agent.manifest import parse_manifest
+from agent.manifest import load_manifest, parse_manifest
 from agent.proposers.search import read_tuning
 from agent.runner import Campaign
 from harness.errors import UserError
 from harness.files import REPO_ROOT
 from harness.meta import BenchMeta, TimingInfo, environment, write_meta
+from harness.registry import get_spec
 from harness.schema import GEMM, write_summary
-from harness.shapes import load_shape_file
+from harness.shapes import load_shape_file, load_shapes
 from tests.clones import clone_worktree
 from tests.test_schema import gemm_row
 
@@ -215,3 +216,13 @@ def test_real_campaign_through_the_cli_in_a_clone(tmp_path):
     run = clone / "campaigns" / "runs" / "ci"
     assert (run / "report.md").exists() and (run / "rounds" / "round-2" / "summary.md").exists()
     assert not git.Repo(clone).is_dirty(untracked_files=True)
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "campaigns").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_campaign_preset_loads_and_names_shapes_its_op_has(path):
+    """The presets a user starts from: each a valid manifest whose op is registered and whose shapes resolve."""
+    manifest = load_manifest(path)
+    spec = get_spec(manifest.op)
+    assert manifest.resolved_variant in spec.variants
+    if isinstance(manifest.shapes, str):
+        assert load_shapes(spec.shape_family, manifest.shapes)
