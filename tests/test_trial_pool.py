@@ -18,9 +18,11 @@ from agent.processes import ChildRegistry
 from agent.trial_pool import Share, TrialPool, shares, visible_gpus
 from agent.trials import TrialJob, run_trials
 from harness.files import REPO_ROOT
-from harness.quick_test_bench import Screen, prepare_bench
+from harness.quick_test_bench import Screen, ShapeResult, prepare_bench
 from harness.registry import get_spec
+from harness.schema import PASS
 from harness.shapes import Shape
+from harness.timing import Timing
 from kernels.gemm import tuning as gemm_tuning
 from tests.test_processes import alive, wait_dead
 
@@ -191,6 +193,31 @@ def test_a_real_trial_under_the_interpreter_scores_each_config(tmp_path):
     broken = run_trials(job(configs=[{"BLOCK_M": 48}]), tmp_path / "b.json")  # outside the declared space
     assert math.isnan(broken.scores[0]) and "outside the tunable space" in broken.errors[0]
     assert gemm_tuning.TUNED_TABLE["small"] == before  # the table is the module's again
+
+
+class ColdFirstScreen:
+    """A screen whose first measurement of a batch runs at 0.8x (a GPU whose clocks were down), then at the config's
+    speed: BLOCK_M 64 twice as fast as 32."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def measure(self, repeats, labels):
+        self.calls += 1
+        block_m = gemm_tuning.TUNED_TABLE["small"]["BLOCK_M"]
+        ms = (1.0 if block_m == 32 else 0.5) / (0.8 if self.calls == 1 else 1.0)
+        timing = Timing(median_ms=ms, stddev_ms=0.0, samples=repeats)
+        result = ShapeResult(shape=SHAPE, dims=SHAPE.dims, check=PASS, snrs={}, fwd=timing, bwd=timing,
+                             work=(1.0, 1.0))
+        return [result]
+
+
+def test_the_config_every_score_is_divided_by_is_not_timed_cold(tmp_path):
+    """A batch's first config, the one the others are scored against, is measured once unscored first: a GPU
+    idle between batches (clocks down) would time it slow and make every other config look faster."""
+    screen = ColdFirstScreen()
+    found = run_trials(job(configs=[config(32), config(64), config(32)]), tmp_path / "s.json", screen)
+    assert screen.calls == 4 and found.scores[0] == found.scores[2] and found.scores[1] == 2 * found.scores[0]
 
 
 # A worker that takes 2 GiB on its GPU and runs a kernel loop, then hangs (BLOCK_M 999) or dies (GROUP_M -1)
