@@ -100,20 +100,17 @@ def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialS
     labels = {s.label for s in job.shapes}
     found = TrialScores()
     original = table[job.bucket]
-    if job.configs:
-        # The first config is measured twice, the first time unscored: every other config's score is divided by
-        # its, and a batch that starts on an idle GPU (its clocks down between batches) timed it cold. On the
-        # H100 the first of three configs read 0.79x its own second measurement, so the search screened every
-        # candidate 20-25% faster than the config it was to replace (docs/performance.md HL). A config that
-        # raises here raises again below, where its error is recorded.
-        table[job.bucket] = original | job.configs[0]
-        with contextlib.suppress(Exception):
-            screen.measure(job.repeats, labels)
-        table[job.bucket] = original
     for cfg in job.configs:
         started = time.monotonic()
         table[job.bucket] = original | cfg
         try:
+            # Each config runs once unscored (one timed call), then is scored: a GPU that idled, while a new
+            # config compiled on the CPU or between two batches, times the next calls cold. On the H100 a batch's
+            # first config, the one every other is scored against, read 0.79x its own second measurement, so the
+            # search screened candidates 20-25% ahead of the config they were to replace (docs/performance.md
+            # HL). A config that raises here raises again below, where its error is recorded.
+            with contextlib.suppress(Exception):
+                screen.measure(1, labels)
             results = screen.measure(job.repeats, labels)
             failed = [r for r in results if r.check != PASS]
             error = f"{failed[0].shape.label}: {failed[0].error or 'check FAIL'}" if failed else None
