@@ -142,17 +142,16 @@ def test_a_worker_serves_every_batch_of_its_pool_with_one_screen(monkeypatch, tm
     assert all(json.loads((tmp_path / f"{i}.scores.json").read_text())["scores"][0] > 0 for i in range(5))
 
 
-def test_trials_time_a_config_as_the_campaign_times_it(monkeypatch):
-    """A campaign's timing reaches its trials: a worker's screen times with the job's mode (cuda-graph: the
-    kernels alone, where host time would rank configs by the host's noise), "auto" leaves the harness's default,
-    and jobs that differ in it never share a screen."""
+def test_trials_time_the_kernels_alone_on_a_gpu(monkeypatch):
+    """A worker's screen times configs as CUDA-graph replays on a GPU (a config cannot change the host time, whose
+    noise ranked configs when the trials timed it), and keeps the interpreter's wall clock on the CPU."""
     asked = []
     monkeypatch.setattr(trials, "prepare_bench", lambda *args, **kwargs: asked.append(kwargs["timing_mode"]))
     monkeypatch.setattr(trials, "Screen", lambda run: run)
-    for timing in ("cuda-graph", "auto", "cuda-events"):
-        trials.make_screen(job(timing=timing))
-    assert asked == ["cuda-graph", None, "cuda-events"]
-    assert job(timing="cuda-graph").screen_key() != job().screen_key()
+    for on_cpu in (False, True):
+        monkeypatch.setattr(trials, "interpreter_mode", lambda on_cpu=on_cpu: on_cpu)
+        trials.make_screen(job())
+    assert asked == ["cuda-graph", None]
 
 
 def test_a_screen_makes_each_reference_once_and_still_fails_a_wrong_result():

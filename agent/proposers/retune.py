@@ -55,7 +55,7 @@ def opened(measure: ShapesMeasure) -> AbstractContextManager[ShapesMeasure]:
 def trial_pool(context: RoundContext, bucket: str, shapes: Sequence[Shape]) -> TrialPool:
     m = context.manifest
     job = TrialJob(op=m.op, variant=m.resolved_variant, dtype=m.dtype, metric=m.primary_metric, shapes=list(shapes),
-                   bucket=bucket, configs=[], repeats=trial_repeats(), timing=m.timing)
+                   bucket=bucket, configs=[], repeats=trial_repeats())
     trials = context.round_dir / "trials"
     # a directory per pool: a round's later pools (the split checks) number their batches from 1 again
     work_dir = trials / f"pool-{len(list(trials.glob('pool-*'))) + 1}"
