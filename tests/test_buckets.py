@@ -9,6 +9,7 @@ from agent.proposers import Proposed
 from agent.proposers.search import SearchProposer
 from agent.tuning_table import read_tuning, rewrite_table
 from kernels.common.fp8 import Granularity
+from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
 from tests.test_search_proposer import context, op_root
 
@@ -24,6 +25,23 @@ def test_a_split_entry_serves_its_layer_only(monkeypatch):
     assert fp8_tuning.config_for("fwd", 16384, 8, Granularity.ROWWISE, (1536, 4096)).BLOCK_N == 128  # dgrad's view
     assert fp8_tuning.config_for("fwd", 16384, 8, Granularity.ROWWISE, (3072, 4096)).BLOCK_N == 256
     assert "fwd/large 4096x1536" in fp8_tuning.buckets_for(DOWN) and "fwd/large" in fp8_tuning.buckets_for(GATEUP)
+
+
+def test_a_remembered_config_follows_the_table(monkeypatch):
+    """config_for remembers its answer by shape, yet serves at once what a trial swaps in (in memory), an entry
+    changed in place, a split entry added later, and refuses an entry outside the tunable space every time."""
+    args = ("fwd", 16384, 8, Granularity.ROWWISE, (4096, 1536))
+    assert fp8_tuning.config_for(*args).BLOCK_N == 256
+    monkeypatch.setitem(fp8_tuning.TUNED_TABLE, "fwd/large", fp8_tuning.TUNED_TABLE["fwd/large"] | {"BLOCK_N": 64})
+    assert fp8_tuning.config_for(*args).BLOCK_N == 64
+    fp8_tuning.TUNED_TABLE["fwd/large"]["GROUP_M"] = 4  # the swapped-in copy, changed in place
+    assert fp8_tuning.config_for(*args).GROUP_M == 4
+    monkeypatch.setitem(fp8_tuning.TUNED_TABLE, "fwd/large 4096x1536", DETUNED)
+    assert fp8_tuning.config_for(*args) == TileConfig(**DETUNED)
+    monkeypatch.setitem(fp8_tuning.TUNED_TABLE, "fwd/large 4096x1536", DETUNED | {"BLOCK_M": 48})
+    for _ in range(2):
+        with pytest.raises(ValueError, match="outside the tunable space"):
+            fp8_tuning.config_for(*args)
 
 
 def test_the_wgrad_bucket_follows_its_reduction_length():

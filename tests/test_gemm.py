@@ -1,10 +1,11 @@
 import pytest
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.snr import snr_db
 from kernels.common.device import default_device
 from kernels.common.tiles import TileConfig, config_from_table
-from kernels.common.tma import stack_tma_layout, tma_layout
+from kernels.common.tma import descriptor, stack_tma_layout, tma_layout
 from kernels.gemm import gemm, gemm_backward, gemm_forward
 from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, config_for, shape_bucket
 
@@ -112,6 +113,19 @@ def test_stack_tma_layout_names_the_contiguous_dim_or_refuses():
     assert stack_tma_layout(torch.empty(3, 64, 61, dtype=torch.float16)) is None  # 122-byte rows
     assert stack_tma_layout(b[:, :, 1:]) is None  # a base 2 bytes off alignment
     assert stack_tma_layout(torch.empty(3, 64, 4, dtype=torch.float16)) is None  # 8-byte rows
+    odd_groups = torch.empty(128, dtype=torch.float16).as_strided((3, 4, 8), (33, 8, 1))
+    assert stack_tma_layout(odd_groups) is None  # a 66-byte group stride
+
+
+def test_a_checked_descriptor_is_a_triton_descriptor_of_the_whole_tensor():
+    """What the launchers build past tma_layout: Triton's TensorDescriptor (the binder and the launcher take it
+    as one), without its checks again, but refusing an empty dim by name."""
+    t = torch.empty(64, 96, dtype=torch.float16)
+    desc = descriptor(t.t(), [32, 16])
+    assert isinstance(desc, TensorDescriptor) and desc.base.data_ptr() == t.data_ptr()
+    assert (desc.shape, desc.strides, desc.block_shape) == ([96, 64], [1, 96], [32, 16])
+    with pytest.raises(ValueError, match="non-empty"):
+        descriptor(torch.empty(0, 96, dtype=torch.float16), [32, 16])
 
 
 def test_tuned_table_lies_in_the_tunable_space():

@@ -562,6 +562,11 @@ class Quantized:
         return self.layout.padded_offs if self.layout is not None else None
 
 
+def _aligned_floats(n: int) -> int:
+    """n float32s rounded up to a whole number of 16 bytes."""
+    return -(-n // 4) * 4
+
+
 def padded_capacity(rows: int, groups: int) -> int:
     """Columns that hold `rows` rows split into `groups` segments each padded to 128, whatever the split."""
     return cdiv(rows + groups * (BLOCK - 1), BLOCK) * BLOCK
@@ -640,14 +645,19 @@ def quantize_both(
         mode = 2
     elif granularity == Granularity.ROWWISE:
         # One zeroed buffer for both amaxes: one memset. Through a row source, they are the source's (below):
-        # one a token, then one a column over all tokens and the largest |weight|.
+        # one a token, then one a column over all tokens and the largest |weight|. The scales share it (one
+        # allocation, not three: 5 us of host each on the lent H100; the memset grows by under a MB), each on a
+        # 16-byte boundary as a buffer of its own would be, so that every kernel reading them specializes as before.
         amax_rows, amax_cols = (x.shape[0], C + 1) if source is not None else (R, max(G, 1) * C)
-        amax = torch.zeros(amax_rows * rows + amax_cols, dtype=torch.float32, device=device)
-        row_amax, group_amax = amax[:amax_rows] if rows else amax, amax[amax_rows * rows:]
-        if source is None:
-            group_amax = group_amax.view(-1, C)
-        scale = torch.empty(R, dtype=torch.float32, device=device) if rows else None
-        scale_t = torch.empty((G, C), dtype=torch.float32, device=device)
+        amax_size = amax_rows * rows + amax_cols
+        scale_start = _aligned_floats(amax_size)
+        scale_t_start = scale_start + _aligned_floats(R * rows)
+        parts = torch.zeros(scale_t_start + G * C, dtype=torch.float32, device=device).split_with_sizes(
+            [amax_rows * rows, amax_cols, scale_start - amax_size, R * rows, scale_t_start - scale_start - R * rows,
+             G * C])
+        row_amax, group_amax, _, scale, _, scale_t = parts
+        row_amax = row_amax if rows else group_amax  # a pointer the kernels never read without rows
+        scale, scale_t = scale if rows else None, scale_t.view(G, C)
         scale_groups, mode = G, 1
     else:
         scale_groups = G if tensor_per_group else 1

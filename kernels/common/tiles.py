@@ -4,7 +4,7 @@ tile order."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, fields
 
 import triton
@@ -35,6 +35,34 @@ def config_from_table(
         if cfg.get(knob) not in space[knob]:
             raise ValueError(f"tuned table {bucket}: {knob}={cfg.get(knob)} is outside the tunable space {space[knob]}")
     return TileConfig(**{knob: cfg[knob] for knob in KNOBS})
+
+
+# Shape keys a RememberedConfigs keeps before it starts over: a training run asks about a handful.
+REMEMBERED_CONFIGS = 256
+
+
+class RememberedConfigs:
+    """A tuned table's configs by shape key (plain ints and strings), for the launchers that ask the same
+    question every microbatch: naming the entry and validating it cost 3 us a call on the development CPU,
+    twice that on the lent H100's host, six calls a MoE step. A remembered config is served only while the
+    table still holds, under the entry's name, what it was made from and as many entries (the campaign's
+    trials swap entries in memory; a test adds a split entry), else it is looked up again."""
+
+    def __init__(self) -> None:
+        self.known: dict[Hashable, tuple[int, str, dict[str, int], TileConfig]] = {}
+
+    def config(self, table: Mapping[str, Mapping[str, int]], space: Mapping[str, tuple[int, ...]], key: Hashable,
+               entry: Callable[[], str]) -> TileConfig:
+        """The config of `key`, whose table entry `entry()` names, as config_from_table gives it."""
+        known = self.known.get(key)
+        if known is not None and known[0] == len(table) and table.get(known[1]) == known[2]:
+            return known[3]
+        name = entry()
+        cfg = config_from_table(table, space, name)
+        if len(self.known) >= REMEMBERED_CONFIGS:
+            self.known.clear()
+        self.known[key] = (len(table), name, dict(table[name]), cfg)
+        return cfg
 
 
 def layer_class(dim_a: int, dim_b: int) -> str:

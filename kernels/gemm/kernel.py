@@ -22,7 +22,7 @@ from kernels.common.device import cdiv, check_same_device, persistent_programs
 from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_NONE, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
-from kernels.common.tma import bind_context, tma_layout
+from kernels.common.tma import bind_context, descriptor, tma_layout
 from kernels.gemm.tuning import config_for
 
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -122,9 +122,9 @@ def _matmul_kernel(
 
 def _descriptor(t: torch.Tensor, k_major: bool, rows_block: int, k_block: int) -> TensorDescriptor:
     """A descriptor over the operand's storage: [rows, K] when K-major, else [K, rows]."""
-    base = t if k_major else t.t()
-    block = [rows_block, k_block] if k_major else [k_block, rows_block]
-    return TensorDescriptor(base, list(base.shape), list(base.stride()), block)
+    if k_major:
+        return descriptor(t, [rows_block, k_block])
+    return descriptor(t.t(), [k_block, rows_block])
 
 
 def launch_tma(
@@ -137,19 +137,36 @@ def launch_tma(
     epilogue. By default on, except under per-K-block promotion, where it measured 5-15% slower
     (H100/H200, docs/performance.md).
     """
-    (M, K), N = a.shape, b.shape[1]
     a_k_major, b_k_major = tma_layout(a), not tma_layout(b)
+    return _launch_tma(_descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),
+                       _descriptor(b.t(), b_k_major, cfg.BLOCK_N, cfg.BLOCK_K), a_k_major, b_k_major,
+                       a.shape[0], b.shape[1], a.shape[1], out, cfg, scales, flatten)
+
+
+def launch_tma_k_major(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: TileConfig, scales: Scales | None = None
+) -> torch.Tensor:
+    """`out = a @ b^T` on the TMA kernel, a [M, K] and b [N, K] both with rows TMA reads (`tma_layout` True),
+    out row-major: launch_tma(a, b.t(), ...) without the views and layout tests it would make again (the FP8
+    Linear's forward and dgrad ask every step, their callers having tested the layouts)."""
+    return _launch_tma(descriptor(a, [cfg.BLOCK_M, cfg.BLOCK_K]), descriptor(b, [cfg.BLOCK_N, cfg.BLOCK_K]), True,
+                       True, a.shape[0], b.shape[0], a.shape[1], out, cfg, scales)
+
+
+def _launch_tma(
+    a_desc: TensorDescriptor, b_desc: TensorDescriptor, a_k_major: bool, b_k_major: bool, M: int, N: int, K: int,
+    out: torch.Tensor, cfg: TileConfig, scales: Scales | None, flatten: bool | None = None,
+) -> torch.Tensor:
+    """launch_tma's launch, given its operands' descriptors (see _descriptor) and layouts."""
     per_k_block = scales is not None and scales.per_k_block
     if per_k_block and cfg.BLOCK_K != 128:
         raise ValueError(f"blockwise scaling needs BLOCK_K=128, got {cfg.BLOCK_K}")
     tiles = cdiv(M, cfg.BLOCK_M) * cdiv(N, cfg.BLOCK_N)
-    programs = persistent_programs(a.device, tiles)
-    s = scales or Scales(a, (0, 0), a, (0, 0, 0))
-    bind_context(a.device)
+    programs = persistent_programs(out.device, tiles)
+    s = scales or Scales(a_desc.base, (0, 0), a_desc.base, (0, 0, 0))  # pointers an unscaled launch never reads
+    bind_context(out.device)
     _matmul_tma_kernel[(programs,)](
-        _descriptor(a, a_k_major, cfg.BLOCK_M, cfg.BLOCK_K),
-        _descriptor(b.t(), b_k_major, cfg.BLOCK_N, cfg.BLOCK_K),
-        TensorDescriptor(out, list(out.shape), list(out.stride()), [cfg.BLOCK_M, cfg.BLOCK_N]),
+        a_desc, b_desc, descriptor(out, [cfg.BLOCK_M, cfg.BLOCK_N]),
         s.a, s.b,
         M, N, K,
         *s.a_strides, *s.b_strides[1:],

@@ -24,7 +24,7 @@ from kernels.common.device import cdiv
 from kernels.common.fp8 import BLOCK, Granularity, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tma import tma_layout
-from kernels.gemm.kernel import launch_tma
+from kernels.gemm.kernel import launch_tma_k_major
 from kernels.gemm_fp8.tuning import config_for
 from kernels.grouped_gemm.kernel import grouped_mm
 from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, row_scale_strides, vark_scale_strides
@@ -108,20 +108,20 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     if M == 0 or N == 0:
         return out
     cfg = config_for(pass_name, M, N, granularity)
-    # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
-    token_cfg = blockwise_ws.runnable(a, b, out, scales, cfg, token_reduction=True)
-    if token_cfg is not None:
-        return blockwise_ws.blockwise_token_mm(a, b, out, scales, token_cfg, accumulate=accumulate)
-    # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
-    # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
-    # grouped kernel, whose epilogue works in registers.
-    ws_cfg = None if accumulate else blockwise_ws.runnable(a, b[None], out, scales, cfg)
-    if ws_cfg is not None:
-        return blockwise_ws.blockwise_mm(a, b[None], out, scales, ws_cfg, ping_pong=pass_name == "fwd")
-    if scales.per_k_block:
+    if scales.per_k_block:  # the warp-specialized kernel takes blockwise scales only: no views made for it else
+        # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
+        token_cfg = blockwise_ws.runnable(a, b, out, scales, cfg, token_reduction=True)
+        if token_cfg is not None:
+            return blockwise_ws.blockwise_token_mm(a, b, out, scales, token_cfg, accumulate=accumulate)
+        # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
+        # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
+        # grouped kernel, whose epilogue works in registers.
+        ws_cfg = None if accumulate else blockwise_ws.runnable(a, b[None], out, scales, cfg)
+        if ws_cfg is not None:
+            return blockwise_ws.blockwise_mm(a, b[None], out, scales, ws_cfg, ping_pong=pass_name == "fwd")
         cfg = blockwise_ws.triton_tile(cfg)
     if not accumulate and tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:
-        return launch_tma(a, b.t(), out, cfg, scales)
+        return launch_tma_k_major(a, b, out, cfg, scales)
     one_group = torch.arange(0, 2 * M, M, device=a.device, dtype=torch.int64)  # [0, M] in one launch
     return grouped_mm(a, b[None], one_group, out, cfg, scales, accumulate)
 

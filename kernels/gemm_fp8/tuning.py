@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kernels.common.fp8 import Granularity
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+from kernels.common.tiles import RememberedConfigs, TileConfig, fits_shared_memory
 
 PASSES = ("fwd", "dgrad", "wgrad")
 SMALL_AREA = 2048 * 2048
@@ -56,8 +56,12 @@ def bucket(pass_name: str, rows: int, cols: int, granularity: Granularity) -> st
     return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
 
 
+_CONFIGS = RememberedConfigs()
+
+
 def config_for(pass_name: str, rows: int, cols: int, granularity: Granularity) -> TileConfig:
-    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket(pass_name, rows, cols, granularity))
+    return _CONFIGS.config(TUNED_TABLE, TUNABLE_SPACE, (pass_name, rows, cols, granularity),
+                           lambda: bucket(pass_name, rows, cols, granularity))
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:

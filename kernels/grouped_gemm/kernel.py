@@ -16,14 +16,13 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.common.device import cdiv, persistent_programs
 from kernels.common.fp8 import TokenLayout, token_layout
 from kernels.common.launch import fast_launch
 from kernels.common.scales import SCALE_EPILOGUE, SCALE_NONE, SCALE_PER_K_BLOCK, Scales
 from kernels.common.tiles import TileConfig, grouped_tile
-from kernels.common.tma import bind_context, stack_tma_layout, tma_layout
+from kernels.common.tma import bind_context, descriptor, stack_tma_layout, tma_layout
 
 
 @fast_launch
@@ -320,8 +319,8 @@ def grouped_mm(
         b_stored = b if b_k_major else b.transpose(1, 2)
         b_block = [1, cfg.BLOCK_N, cfg.BLOCK_K] if b_k_major else [1, cfg.BLOCK_K, cfg.BLOCK_N]
         if a_rows is None:
-            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
-        b_desc = TensorDescriptor(b_stored, list(b_stored.shape), list(b_stored.stride()), b_block)
+            a_desc = descriptor(a, [cfg.BLOCK_M, cfg.BLOCK_K])
+        b_desc = descriptor(b_stored, b_block)
     _grouped_mm_kernel[(programs,)](
         a, b, a_desc, b_desc, out, offs, *((layout.padded_offs, layout.block_groups) if layout else (offs, offs)),
         s.a, s.b, a if a_rows is None else a_rows, G, N, K,
@@ -373,8 +372,8 @@ def grouped_mm_vark(
     x_desc = y_desc = None
     if tma:
         bind_context(x.device)
-        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [cfg.BLOCK_M, cfg.BLOCK_K])
-        y_desc = TensorDescriptor(y, list(y.shape), list(y.stride()), [cfg.BLOCK_N, cfg.BLOCK_K])
+        x_desc = descriptor(x, [cfg.BLOCK_M, cfg.BLOCK_K])
+        y_desc = descriptor(y, [cfg.BLOCK_N, cfg.BLOCK_K])
     _grouped_mm_vark_kernel[grid](
         x, y, x_desc, y_desc, out, offs, s.x, s.y,
         P, Q,

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from kernels.common.fp8 import Granularity
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
+from kernels.common.tiles import RememberedConfigs, TileConfig, fits_shared_memory, layer_class, table_entry
 from kernels.grouped_gemm.tuning import PASSES, SMALL_GROUP_TOKENS, bucket, shape_class
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
@@ -77,11 +77,16 @@ def _key(pass_name: str, total_tokens: int, groups: int, granularity: Granularit
     return f"{key}/blockwise" if granularity == Granularity.BLOCKWISE else key
 
 
+_CONFIGS = RememberedConfigs()
+
+
 def config_for(pass_name: str, total_tokens: int, groups: int, granularity: Granularity,
                weight_dims: Sequence[int]) -> TileConfig:
     """The config of a pass over `groups` weights of `weight_dims` (the two dims, either way round)."""
-    key = table_entry(TUNED_TABLE, _key(pass_name, total_tokens, groups, granularity), layer_class(*weight_dims))
-    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, key)
+    dim_a, dim_b = weight_dims
+    return _CONFIGS.config(
+        TUNED_TABLE, TUNABLE_SPACE, (pass_name, total_tokens, groups, granularity, dim_a, dim_b),
+        lambda: table_entry(TUNED_TABLE, _key(pass_name, total_tokens, groups, granularity), layer_class(dim_a, dim_b)))
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:
