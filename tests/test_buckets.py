@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from agent.knowledge import Tip
+from agent.knowledge import shape_class as knowledge_shape_class
 from agent.proposers import Proposed
 from agent.proposers.search import SearchProposer
 from agent.tuning_table import read_tuning, rewrite_table
@@ -111,3 +113,43 @@ def test_no_split_where_the_shapes_are_one_layer(tmp_path, dims):
     outcome = SearchProposer("pattern", trials, budget=60).propose(context(root, "grouped_gemm_fp8", dims,
                                                                             "e4m3-rowwise"))
     assert isinstance(outcome, Proposed) and outcome.proposal.params["split"] == {}
+
+
+def compromise(tmp_path):
+    """Every entry at the config that is best for the two layers together (BLOCK_N 256: the gate-up layer's
+    2.0 times the down layer's 0.7 beats 128's 1.2 times 1.1), which the down layer alone would not pick."""
+    root = op_root(tmp_path, "grouped_gemm_fp8")
+    path = root / "kernels/grouped_gemm_fp8/tuning.py"
+    rewrite_table(path, dict.fromkeys(read_tuning(path)[1], DETUNED | {"BLOCK_M": 128, "BLOCK_N": 256,
+                                                                        "num_warps": 8}))
+    return root, path
+
+
+def test_where_no_config_beats_the_bucket_a_layer_that_wants_its_own_gets_a_split(tmp_path):
+    root, path = compromise(tmp_path)
+    outcome = SearchProposer("pattern", trials, budget=60).propose(
+        context(root, "grouped_gemm_fp8", (GATEUP, DOWN), "e4m3-rowwise"))
+    assert isinstance(outcome, Proposed)
+    p = outcome.proposal.params
+    key = f"{p['bucket']} 4096x1536"
+    assert p["new"] == p["old"] and list(p["split"]) == [key] and p["split"][key]["BLOCK_N"] == 128
+    assert read_tuning(path)[1][key] == p["split"][key] and "kept" in outcome.proposal.summary
+    # the down layer's 1.1 / 0.7 over the bucket's config, weighted by its share of the bucket's two shapes
+    assert outcome.proposal.expected_gain_pct == pytest.approx(100 * ((1.1 / 0.7) ** 0.5 - 1), rel=1e-6)
+    tried = json.loads((root / "trials.json").read_text())
+    assert set(tried) == {p["bucket"], f"{p['bucket']} 4096x1536", f"{p['bucket']} 4096x3072"}
+
+
+def test_a_split_known_not_to_pay_here_is_not_proposed_again(tmp_path):
+    root, _ = compromise(tmp_path)
+    first = SearchProposer("pattern", trials, budget=60).propose(
+        context(root, "grouped_gemm_fp8", (GATEUP, DOWN), "e4m3-rowwise"))
+    root2, _ = compromise(tmp_path / "again")
+    tip = Tip(op="grouped_gemm_fp8", backend="triton", device="d", variant="e4m3-rowwise",
+              shape_class=knowledge_shape_class(context(root2, "grouped_gemm_fp8", (GATEUP, DOWN),
+                                                        "e4m3-rowwise").manifest),
+              summary="s", params=first.proposal.params, proposer="search", outcome="ROLLBACK", gain_pct=0.1,
+              reason="noise")
+    again = SearchProposer("pattern", trials, budget=60).propose(
+        context(root2, "grouped_gemm_fp8", (GATEUP, DOWN), "e4m3-rowwise", tips=(tip,)))
+    assert not isinstance(again, Proposed) or again.proposal.params["bucket"] != first.proposal.params["bucket"]

@@ -1,7 +1,6 @@
 """The search proposer with an algorithm: a bucket retuned per round by trials, the winner proposed,
 validated and decided by the runner like any candidate (fake trials and a fake measurer: no GPU)."""
 
-import dataclasses
 import json
 import math
 import shutil
@@ -11,7 +10,6 @@ from rich.console import Console
 
 from agent.knowledge import Tip, shape_class
 from agent.proposers import Exhausted, Proposed
-from agent.proposers.retune import trial_pool
 from agent.proposers.search import SearchProposer
 from agent.runner import Campaign
 from agent.tuning_table import read_tuning
@@ -120,11 +118,3 @@ def test_a_winner_a_tip_rolled_back_from_the_same_config_and_context_is_not_prop
         fresh = op_root(tmp_path / str(proposed), "gemm")
         outcome = SearchProposer("pattern", FakeTrials(), budget=24).propose(context(fresh, tips=tips))
         assert isinstance(outcome, Proposed) == proposed
-
-
-def test_the_trial_pool_times_as_the_manifest_says(tmp_path):
-    """The search's trials inherit the campaign's timing (a host-bound preset's campaign sets cuda-graph)."""
-    ctx = context(op_root(tmp_path, "gemm"))
-    graphed = dataclasses.replace(ctx, manifest=ctx.manifest.model_copy(update={"timing": "cuda-graph"}))
-    assert trial_pool(ctx, "small", ctx.shapes).job.timing == "auto"
-    assert trial_pool(graphed, "small", graphed.shapes).job.timing == "cuda-graph"

@@ -5,20 +5,25 @@ algorithm (agent/search_algorithms.py) searches the op's config space from the b
 every config it asks for measured by trials (agent/trials.py, over every GPU: agent/trial_pool.py) on
 the representative shapes that use the bucket; the winner, if it beat the current config by the noise
 floor in its trials, is written into the table and proposed: the runner validates and decides it like
-any candidate. A bucket whose search found nothing better, or whose winner was rolled back (in this
-campaign, or, as a tip says, from the same config in the same context), is settled and not retuned
-again; one whose winner was accepted is retuned again from there, once the others had their turn.
+any candidate. Where nothing beat the bucket's config on its shapes together and those shapes span
+several classes (the op's `shape_class`: the layer), each class is searched alone, and the classes
+whose own winner beats the bucket's config are proposed as split entries `<bucket> <class>`: a config
+tuned by hand for all of a bucket's layers is a compromise one layer may not want. A bucket where
+neither found anything, or whose proposal was rolled back (in this campaign, or, as a tip says, from
+the same config in the same context), is settled and not retuned again; one whose proposal was
+accepted is retuned again from there, once the others had their turn.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from agent.config_space import Config, load_space
-from agent.knowledge import shape_class, similarity
+from agent.knowledge import Tip, shape_class, similarity
 from agent.proposers import Exhausted, Outcome, Proposed, RoundContext
 from agent.search_algorithms import Measure, SearchResult, make_search
 from agent.state import Proposal
@@ -91,13 +96,22 @@ def retunes(context: RoundContext) -> dict[str, int]:
     return counts
 
 
-def known_ineffective(context: RoundContext, bucket: str, base: Config, winner: Config) -> bool:
-    """A tip recorded this very retune (the bucket from this config to that one) as not paying, measured in
-    this very context: the same variant and shape class (`similarity` 1)."""
+def known_ineffective(context: RoundContext, bucket: str, base: Config, winner: Config, split: str = "") -> bool:
+    """A tip recorded this very retune (the bucket, or its `split` entry, from this config to that one) as
+    not paying, measured in this very context: the same variant and shape class (`similarity` 1)."""
     variant, shapes = context.manifest.resolved_variant, shape_class(context.manifest)
+
+    def proposed(tip: Tip) -> Config | None:
+        return tip.params.get("split", {}).get(split) if split else tip.params.get("new")
+
     return any(t.outcome != "ACCEPT" and t.params.get("algorithm") and t.params.get("bucket") == bucket
-               and t.params.get("new") == winner and similarity(t, variant, shapes, base) == 1.0
+               and proposed(t) == winner and similarity(t, variant, shapes, base) == 1.0
                for t in context.tips)
+
+
+def pays(result: SearchResult, base: Config, floor_pct: float) -> bool:
+    """The search's winner is another config, and it beat the starting one by the noise floor in its trials."""
+    return result.best != base and result.gain_pct >= floor_pct
 
 
 def describe(old: Config, new: Config) -> str:
@@ -114,32 +128,56 @@ def record(context: RoundContext, bucket: str, result: SearchResult) -> None:
     atomic_write_text(path, "{\n" + ",\n".join(entries) + "\n}\n")  # one trial a line
 
 
-def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measure: ShapesMeasure, bucket: str,
-                      shapes: Sequence[Shape], base: Config, winner: Config,
-                      shape_class: Callable[[dict[str, int]], str] | None) -> dict[str, Config]:
-    """Buckets that follow the shapes: where the bucket's shapes span several classes (the op's
-    `shape_class`, e.g. the layer) and the winner slows one class down past the per-shape regression
-    limit in its own trials, that class gets an entry `<bucket> <class>` of its own: the best its own
-    search finds, or the bucket's config as it was."""
+def layer_classes(shapes: Sequence[Shape], shape_class: Callable[[dict[str, int]], str] | None
+                  ) -> dict[str, list[Shape]]:
+    """The bucket's shapes by class (the op's `shape_class`, e.g. the layer), in name order; one class (all
+    of them) for an op that has none."""
     if shape_class is None:
-        return {}
+        return {"": list(shapes)}
     classes: dict[str, list[Shape]] = {}
     for shape in shapes:
         classes.setdefault(shape_class(dict(shape.dims)), []).append(shape)
-    if len(classes) < 2:
-        return {}
+    return dict(sorted(classes.items()))
+
+
+def class_search(context: RoundContext, algorithm: str, budget: int, measure: ShapesMeasure, bucket: str,
+                 cls: str, members: Sequence[Shape], base: Config) -> SearchResult:
+    """The algorithm's search from the bucket's config on one class's shapes alone, recorded as its entry."""
+    found = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number) \
+        .search(base, measure.on(members))
+    record(context, f"{bucket} {cls}", found)
+    return found
+
+
+def split_disagreeing(context: RoundContext, algorithm: str, budget: int, measure: ShapesMeasure, bucket: str,
+                      classes: dict[str, list[Shape]], base: Config, winner: Config) -> dict[str, Config]:
+    """Buckets that follow the shapes: where the winner slows a class down past the per-shape regression
+    limit in its own trials, that class gets an entry `<bucket> <class>` of its own: the best its own
+    search finds, or the bucket's config as it was."""
     rules = load_rules()
     splits = {}
-    for cls, members in sorted(classes.items()):
-        on_class = measure.on(members)
-        as_was, with_winner = on_class([base, winner], 1)
+    for cls, members in classes.items():
+        as_was, with_winner = measure.on(members)([base, winner], 1)
         if with_winner >= (1.0 - rules.per_shape_regression_pct / 100.0) * as_was:  # NaN (it failed): split
             continue
-        own = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number)
-        found = own.search(base, on_class)
-        record(context, f"{bucket} {cls}", found)
-        splits[f"{bucket} {cls}"] = found.best if found.gain_pct >= rules.noise_floor_pct else base
+        found = class_search(context, algorithm, budget, measure, bucket, cls, members, base)
+        splits[f"{bucket} {cls}"] = found.best if pays(found, base, rules.noise_floor_pct) else base
     return splits
+
+
+def own_class_configs(context: RoundContext, algorithm: str, budget: int, measure: ShapesMeasure, bucket: str,
+                      classes: dict[str, list[Shape]], base: Config) -> dict[str, tuple[Config, float]]:
+    """Where no config beat the bucket's on its classes together: each class's own search, and the winners
+    that beat the bucket's config there by the noise floor (and are not known not to pay), with their
+    gains."""
+    floor = load_rules().noise_floor_pct
+    found = {}
+    for cls, members in classes.items():
+        own = class_search(context, algorithm, budget, measure, bucket, cls, members, base)
+        key = f"{bucket} {cls}"
+        if pays(own, base, floor) and not known_ineffective(context, bucket, base, own.best, split=key):
+            found[key] = own.best, own.gain_pct
+    return found
 
 
 def with_entries(table: dict[str, Config], bucket: str, config: Config, splits: dict[str, Config]
@@ -158,7 +196,6 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
     variant = context.manifest.resolved_variant
     file = tuning_file(context.manifest)
     module = tuning_module(context.root, context.manifest)
-    space = load_space(context.root, context.manifest)
     floor = load_rules().noise_floor_pct
     done: list[str] = context.scratch.setdefault("settled", [])
     used = bucket_shapes(context, lambda s: module.buckets_for(dict(s.dims), variant))
@@ -168,28 +205,61 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
         if bucket in settled(context) or bucket not in table:
             continue
         base = table[bucket]
-        search = make_search(algorithm, space, budget, seed=context.number)
+        classes = layer_classes(shapes, getattr(module, "shape_class", None))
         with opened(measure_for(context, bucket, shapes)) as measure:
-            result = search.search(base, measure)
+            result = make_search(algorithm, load_space(context.root, context.manifest), budget,
+                                 seed=context.number).search(base, measure)
             record(context, bucket, result)
-            if result.best == base or not result.gain_pct >= floor or known_ineffective(context, bucket, base,
-                                                                                       result.best):
-                done.append(bucket)
-                continue
-            splits = split_disagreeing(context, algorithm, budget, measure, bucket, shapes, base, result.best,
-                                       getattr(module, "shape_class", None))
-        rewrite_table(context.root / file, with_entries(table, bucket, result.best, splits))
-        tried = len({json.dumps(s.config, sort_keys=True) for s in result.trials})
-        split_text = "".join(f"; split '{key}': {describe(base, cfg) or 'kept'}" for key, cfg in splits.items())
-        return Proposed(Proposal(
-            hypothesis=(f"retune the '{bucket}' bucket ({algorithm} search, {tried} configs tried on "
-                        f"{', '.join(s.label for s in shapes)}): the best tried {result.gain_pct:+.1f}% over the "
-                        "current config there" + (", and the layers it would slow down keep a config of their own"
-                                                  if splits else "")),
-            summary=f"{bucket}: {describe(base, result.best)}{split_text}"[:200],
-            expected_gain_pct=result.gain_pct,
-            params={"file": file, "bucket": bucket, "old": base, "new": result.best, "algorithm": algorithm,
-                    "tried": tried, "trial_gain_pct": round(result.gain_pct, 2), "split": splits},
-        ))
+            if pays(result, base, floor) and not known_ineffective(context, bucket, base, result.best):
+                splits = split_disagreeing(context, algorithm, budget, measure, bucket, classes, base, result.best) \
+                    if len(classes) > 1 else {}
+                proposal = retuned(bucket, base, result, splits, algorithm, shapes, file)
+            else:
+                own = own_class_configs(context, algorithm, budget, measure, bucket, classes, base) \
+                    if len(classes) > 1 else {}
+                if not own:
+                    done.append(bucket)
+                    continue
+                proposal = split_off(bucket, base, own, shapes, classes, algorithm, file)
+        rewrite_table(context.root / file, with_entries(table, bucket, proposal.params["new"],
+                                                        proposal.params["split"]))
+        return Proposed(proposal)
     return Exhausted(f"{algorithm} search: no bucket left whose trials beat its config by the "
-                     f"{floor:g}% noise floor")
+                     f"{floor:g}% noise floor, on its shapes together or on any one class of them")
+
+
+def retuned(bucket: str, base: Config, result: SearchResult, splits: dict[str, Config], algorithm: str,
+            shapes: Sequence[Shape], file: str) -> Proposal:
+    """The proposal of a bucket's new config (and the split entries of the classes it would slow down)."""
+    tried = len({json.dumps(s.config, sort_keys=True) for s in result.trials})
+    split_text = "".join(f"; split '{key}': {describe(base, cfg) or 'kept'}" for key, cfg in splits.items())
+    return Proposal(
+        hypothesis=(f"retune the '{bucket}' bucket ({algorithm} search, {tried} configs tried on "
+                    f"{', '.join(s.label for s in shapes)}): the best tried {result.gain_pct:+.1f}% over the "
+                    "current config there" + (", and the layers it would slow down keep a config of their own"
+                                              if splits else "")),
+        summary=f"{bucket}: {describe(base, result.best)}{split_text}"[:200],
+        expected_gain_pct=result.gain_pct,
+        params={"file": file, "bucket": bucket, "old": base, "new": result.best, "algorithm": algorithm,
+                "tried": tried, "trial_gain_pct": round(result.gain_pct, 2), "split": splits},
+    )
+
+
+def split_off(bucket: str, base: Config, own: dict[str, tuple[Config, float]], shapes: Sequence[Shape],
+              classes: dict[str, list[Shape]], algorithm: str, file: str) -> Proposal:
+    """The proposal of split entries for the classes whose own search beat the bucket's config, which stays
+    as it is for the rest. Its expected gain is over the bucket's shapes together (a class's gain weighted
+    by its share of them, as their geomean weighs it)."""
+    members = {f"{bucket} {cls}": len(of) for cls, of in classes.items()}
+    expected = 100.0 * (math.prod((1 + gain / 100.0) ** (members[key] / len(shapes))
+                                  for key, (_, gain) in own.items()) - 1.0)
+    gains = ", ".join(f"'{key}' {gain:+.1f}%" for key, (_, gain) in own.items())
+    return Proposal(
+        hypothesis=(f"split the '{bucket}' bucket: no config beat it on {', '.join(s.label for s in shapes)} "
+                    f"together, but {algorithm} searches on one layer class each found {gains} over it there"),
+        summary=(f"{bucket} kept; " + "; ".join(f"split '{key}': {describe(base, cfg)}"
+                                                for key, (cfg, _) in own.items()))[:200],
+        expected_gain_pct=expected,
+        params={"file": file, "bucket": bucket, "old": base, "new": base, "algorithm": algorithm,
+                "trial_gain_pct": round(expected, 2), "split": {key: cfg for key, (cfg, _) in own.items()}},
+    )
