@@ -51,7 +51,7 @@ from kernels.common.fp8 import Float8Config, Format, Granularity
 from kernels.gemm_fp8 import gemm_fp8
 from kernels.gemm_fp8 import prequantize_weight as prequantize_linear
 from kernels.grouped_gemm import group_offsets, grouped_gemm
-from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
+from kernels.grouped_gemm_fp8 import group_layout, grouped_gemm_fp8
 from kernels.grouped_gemm_fp8 import prequantize_weight as prequantize_experts
 from kernels.grouped_gemm_fp8.kernel import WeightFp8
 from kernels.moe import swiglu, swiglu_down_fp8
@@ -319,11 +319,13 @@ def moe_steps(
         return grouped_gemm(swiglu(grouped_gemm(t, w1, n, o)), w2, n, o)
 
     def ours_fp8(c: Float8Config, acc: Accumulation) -> Layer:
-        """Our FP8 experts, as kernels/moe runs them: the SwiGLU computed inside the Down GEMM's quantization."""
+        """Our FP8 experts, as kernels/moe runs them: the SwiGLU computed inside the Down GEMM's quantization, the
+        groups' token layout mapped once for both GEMMs."""
         def layer(t: torch.Tensor, n: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-            h = grouped_gemm_fp8(t, w1, n, o, config=c, **acc.op_args(0))
+            layout = group_layout(o, t.shape[0])
+            h = grouped_gemm_fp8(t, w1, n, o, config=c, layout=layout, **acc.op_args(0))
             down = acc.op_args(1)
-            return swiglu_down_fp8(h, w2, o, c, w_fp8=down["b_fp8"], main_grad=down["main_grad"])
+            return swiglu_down_fp8(h, w2, o, c, w_fp8=down["b_fp8"], main_grad=down["main_grad"], layout=layout)
         return layer
 
     layers = {"bf16 torch": (mlp(lambda a, j, o: torch._grouped_mm(a, weights[j].transpose(-2, -1), offs=o)),

@@ -11,7 +11,7 @@ from kernels.common.tiles import TileConfig, config_from_table
 from kernels.grouped_gemm import group_offsets, grouped_gemm
 from kernels.grouped_gemm.kernel import epilogue_slices
 from kernels.grouped_gemm.tuning import TUNABLE_SPACE, TUNED_TABLE
-from kernels.grouped_gemm_fp8 import grouped_gemm_fp8, prequantize_weight
+from kernels.grouped_gemm_fp8 import group_layout, grouped_gemm_fp8, prequantize_weight
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
 from tests.compiled import BOTH_TRITONS, compiled_for_hopper
 from tests.graph_replay import replay_and_eager
@@ -302,6 +302,19 @@ def test_a_foreign_fp8_weight_copy_is_refused(device):
         grouped_gemm_fp8(a, b.detach().transpose(1, 2).contiguous(), lens, trans_b=False, b_fp8=b_fp8)
     with pytest.raises(ValueError, match="prequantize_weight"):
         grouped_gemm_fp8(a, b, lens, b_fp8="w8")
+
+
+def test_a_token_layout_of_other_groups_or_fewer_rows_is_refused(device):
+    lens = torch.tensor([100, 200], device=device)
+    a = torch.randn(300, 32, dtype=torch.float16, device=device)
+    b = torch.randn(2, 16, 32, dtype=torch.float16, device=device)
+    offs = group_offsets(lens)
+    for bad, what in ((group_layout(offs, 8), r"group_layout\(group_offs, 300\): 5 blocks of 128 rows over 2 "
+                                              "groups, got 3 blocks of 128 over 2"),
+                      (group_layout(group_offsets(torch.tensor([300], device=device)), 300), "over 1$"),
+                      (offs, "layout must be a TokenLayout")):
+        with pytest.raises(ValueError, match=what):
+            grouped_gemm_fp8(a, b, lens, offs, layout=bad)
 
 
 @BOTH_TRITONS

@@ -22,9 +22,9 @@ from kernels.common.fp8 import Float8Config, Granularity
 from kernels.gemm_fp8 import gemm_fp8
 from kernels.gemm_fp8 import prequantize_weight as prequantize_linear
 from kernels.grouped_gemm import group_offsets
-from kernels.grouped_gemm_fp8 import grouped_gemm_fp8
+from kernels.grouped_gemm_fp8 import group_layout, grouped_gemm_fp8
 from kernels.grouped_gemm_fp8 import prequantize_weight as prequantize_experts
-from kernels.moe import swiglu_down_fp8
+from kernels.moe import moe_experts, swiglu_down_fp8
 
 pytestmark = pytest.mark.skipif(not interpreter_mode(), reason="counts the interpreter's launches")
 
@@ -33,6 +33,7 @@ NO_LAUNCH = {
     "empty.memory_format", "empty_like.default", "new_empty.default", "empty_strided.default", "view.default",
     "_unsafe_view.default", "slice.Tensor", "select.int", "t.default", "transpose.int", "unsqueeze.default",
     "as_strided.default", "permute.default", "detach.default", "alias.default", "expand.default", "split.Tensor",
+    "split_with_sizes.default",
 }
 # The grouped ops check group sizes that live on the host (as every tensor does here): on a GPU they
 # stay on the device and are not read. Left out of the grouped ops' counts only.
@@ -106,10 +107,11 @@ GROUPED_OP = {  # one token layout, computed in the forward and kept for the bac
     (BLOCK, True): ({LAYOUT: 1, CAST: 2, GROUPED: 2, VARK: 1}, {}),
 }
 # GateUP, then the Down GEMM with the SwiGLU inside its quantization: the SwiGLU's input and the two
-# upstream gradients quantized once each beside the tokens; each op maps the token layout once.
+# upstream gradients quantized once each beside the tokens; the token layout mapped once, by the caller
+# (group_layout), for both ops and their backward. Without it each op maps its own: one more.
 EXPERTS = {
-    ROW: ({LAYOUT: 2, AMAX: 4, CAST: 4, GROUPED: 4, VARK: 2, "_swiglu_bwd_kernel": 1}, {"zeros": 4}),
-    BLOCK: ({LAYOUT: 2, CAST: 4, GROUPED: 4, VARK: 2, "_swiglu_bwd_kernel": 1}, {}),
+    ROW: ({LAYOUT: 1, AMAX: 4, CAST: 4, GROUPED: 4, VARK: 2, "_swiglu_bwd_kernel": 1}, {"zeros": 4}),
+    BLOCK: ({LAYOUT: 1, CAST: 4, GROUPED: 4, VARK: 2, "_swiglu_bwd_kernel": 1}, {}),
 }
 
 
@@ -147,8 +149,9 @@ def test_a_grouped_step_maps_the_tokens_once_and_quantizes_each_operand_once(mon
     assert one_step(monkeypatch, step, host_checks=True) == GROUPED_OP[granularity, accumulate]
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-layout", "own-layouts"])
 @pytest.mark.parametrize("granularity", list(EXPERTS))
-def test_an_expert_microbatch_writes_no_swiglu_output_and_quantizes_once(monkeypatch, granularity):
+def test_an_expert_microbatch_writes_no_swiglu_output_and_quantizes_once(monkeypatch, granularity, shared):
     config = Float8Config(granularity=granularity)
     x = torch.randn(256, 128, dtype=torch.float16, requires_grad=True)
     w_gate_up = torch.randn(4, 2 * 64, 128, dtype=torch.float16, requires_grad=True)
@@ -161,7 +164,27 @@ def test_an_expert_microbatch_writes_no_swiglu_output_and_quantizes_once(monkeyp
 
     def step():
         x.grad = None
-        h = grouped_gemm_fp8(x, w_gate_up, lens, offs, config=config, b_fp8=copies[0], main_grad=main_grads[0])
-        swiglu_down_fp8(h, w_down, offs, config, w_fp8=copies[1], main_grad=main_grads[1]).backward(dy)
+        layout = group_layout(offs, x.shape[0]) if shared else None
+        h = grouped_gemm_fp8(x, w_gate_up, lens, offs, config=config, b_fp8=copies[0], main_grad=main_grads[0],
+                             layout=layout)
+        swiglu_down_fp8(h, w_down, offs, config, w_fp8=copies[1], main_grad=main_grads[1],
+                        layout=layout).backward(dy)
 
-    assert one_step(monkeypatch, step, host_checks=True) == EXPERTS[granularity]
+    launches, ops = EXPERTS[granularity]
+    assert one_step(monkeypatch, step, host_checks=True) == (launches if shared else launches | {LAYOUT: 2}, ops)
+
+
+@pytest.mark.parametrize("granularity", list(EXPERTS))
+def test_an_moe_layer_maps_its_tokens_once(monkeypatch, granularity):
+    """moe_experts hands its GateUP and Down GEMMs (forward and backward) one token layout."""
+    x = torch.randn(64, 32, dtype=torch.float16, requires_grad=True)
+    probs = torch.rand(64, 2, requires_grad=True)
+    expert_ids = torch.stack([torch.arange(64) % 4, (torch.arange(64) + 1) % 4], dim=1)
+    w_gate_up = torch.randn(4, 2 * 16, 32, dtype=torch.float16, requires_grad=True)
+    w_down = torch.randn(4, 32, 16, dtype=torch.float16, requires_grad=True)
+
+    def step():
+        moe_experts(x, expert_ids, probs, w_gate_up, w_down, Float8Config(granularity=granularity)).sum().backward()
+
+    launches, _ = one_step(monkeypatch, step)
+    assert launches[LAYOUT] == 1

@@ -11,7 +11,7 @@ from harness.snr import snr_db, snr_threshold
 from kernels.common.dtypes import dtype_name
 from kernels.common.fp8 import Float8Config, Granularity, RowGroups, quantize_both
 from kernels.grouped_gemm import group_offsets
-from kernels.grouped_gemm_fp8 import prequantize_weight
+from kernels.grouped_gemm_fp8 import group_layout, grouped_gemm_fp8, prequantize_weight
 from kernels.moe import ExpertWeightsFp8, MoEMLP, RouterConfig, moe_experts, swiglu, swiglu_down_fp8
 from kernels.moe.experts import weighted_swiglu_backward
 from kernels.moe.reference import loop_experts, torch_moe_experts, torch_moe_mlp
@@ -226,6 +226,31 @@ def test_swiglu_down_fp8_matches_float64_on_skewed_and_empty_groups(granularity,
     assert snr_db(main_grad, w64.grad) >= floor
 
 
+@pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.BLOCKWISE])
+def test_a_shared_token_layout_gives_the_same_step_bit_for_bit(granularity, device, half_dtype):
+    """GateUP -> swiglu_down_fp8 handed one group_layout (mapped once for both ops and their backward) equals
+    the two ops mapping their own, output and every gradient bit for bit: the layout is the same."""
+    torch.manual_seed(5)
+    lens = torch.tensor([0, 150, 3, 0, 47], device=device)  # skewed, with empty groups
+    E, H, inter, T = lens.numel(), 48, 40, int(lens.sum())
+    offs = group_offsets(lens)
+    x = torch.randn(T, H, dtype=half_dtype, device=device, requires_grad=True)
+    w_gate_up = (torch.randn(E, 2 * inter, H, dtype=half_dtype, device=device) * H**-0.5).requires_grad_()
+    w_down = (torch.randn(E, H, inter, dtype=half_dtype, device=device) * inter**-0.5).requires_grad_()
+    grad = torch.randn(T, H, dtype=half_dtype, device=device)
+    config = Float8Config(granularity=granularity)
+
+    def step(layout):
+        x.grad = w_gate_up.grad = w_down.grad = None
+        h = grouped_gemm_fp8(x, w_gate_up, lens, offs, config=config, layout=layout)
+        out = swiglu_down_fp8(h, w_down, offs, config, layout=layout)
+        out.backward(grad)
+        return out, x.grad, w_gate_up.grad, w_down.grad
+
+    for own, shared in zip(step(None), step(group_layout(offs, T)), strict=True):
+        assert torch.equal(own, shared)
+
+
 def test_bad_inputs_raise_one_line_value_errors(device):
     layer = MoEMLP(16, 8, RouterConfig(4, 2), dtype=torch.float16, device=device)
     x = torch.randn(5, 16, dtype=torch.float16, device=device)
@@ -251,6 +276,14 @@ def test_bad_inputs_raise_one_line_value_errors(device):
         (lambda: swiglu_down_fp8(torch.randn(5, 16, dtype=torch.float16, device=device), layer.w_down,
                                  torch.zeros(5, dtype=torch.int64, device=device), "e4m3"),
          "config must be a Float8Config"),
+        (lambda: swiglu_down_fp8(torch.randn(5, 16, dtype=torch.float16, device=device), layer.w_down,
+                                 torch.zeros(5, dtype=torch.int64, device=device), Float8Config(), layout=ids),
+         "swiglu_down_fp8: layout must be a TokenLayout"),
+        (lambda: swiglu_down_fp8(torch.randn(500, 16, dtype=torch.float16, device=device), layer.w_down,
+                                 torch.zeros(5, dtype=torch.int64, device=device), Float8Config(),
+                                 layout=group_layout(torch.zeros(5, dtype=torch.int64, device=device), 5)),
+         r"swiglu_down_fp8: layout must be group_layout\(group_offs, 500\): 8 blocks of 128 rows over 4 groups, "
+         "got 5 blocks of 128 over 4"),
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up[:, :15], layer.w_down), r"w_gate_up must be \[E, 2I, H\]"),
         (lambda: moe_experts(x, ids, probs, layer.w_gate_up, layer.w_down[:, :, :4]),
          r"w_down must be \[E, H, I\] = \[4, 16, 8\]"),

@@ -479,8 +479,8 @@ def quantize_rows(
 class RowGroups:
     """Which rows of an [R, C] tensor form each group of the transposed layout: `offs` [G+1] on the
     device for token groups of any size (a router's split; `layout`, their token layout, if already
-    computed for the same rows), else `count` groups of `size` rows each (a dense tensor is one group; a
-    stack of expert weights, one per expert)."""
+    made for as many rows: group_layout), else `count` groups of `size` rows each (a dense tensor is one
+    group; a stack of expert weights, one per expert)."""
 
     count: int
     offs: torch.Tensor | None = None
@@ -572,6 +572,21 @@ def padded_capacity(rows: int, groups: int) -> int:
     return cdiv(rows + groups * (BLOCK - 1), BLOCK) * BLOCK
 
 
+def layout_blocks(rows: int, groups: int) -> int:
+    """128-row blocks the token layout of `rows` rows in `groups` token groups maps: every block of quantize_both's
+    transposed layout (`padded_capacity`), and at least one a group (its grids give each group a program)."""
+    return max(padded_capacity(rows, groups) // BLOCK, groups)
+
+
+def group_layout(group_offs: torch.Tensor, rows: int) -> TokenLayout:
+    """The token layout quantize_both maps `rows` rows in the token groups at `group_offs` [G+1] with, for a caller
+    whose ops quantize rows in the same groups to make once and hand to each (`RowGroups.tokens(offs, layout)`): an
+    MoE layer's GateUP input and the SwiGLU output after it are the same tokens in the same experts, and the
+    backward's upstream gradients too; each op mapping them itself is one more launch (25-50 us of host time on
+    the lent H100, kernels/common/launch.py)."""
+    return token_layout(group_offs, layout_blocks(rows, group_offs.numel() - 1))
+
+
 def rows_read_through_index(granularity: Granularity, glu: bool, source: RowSource) -> bool:
     """Whether quantize_both leaves the rows layout of rows read through `source` as x's own rows quantized
     (and the index for the GEMM to read them through: grouped_mm's a_rows) rather than writing the R rows:
@@ -625,14 +640,15 @@ def quantize_both(
     C = x.shape[1] // 2 if glu else x.shape[1]
     if not cols and not glu and source is None:  # one layout along the rows: quantize_rows, one kernel
         segment_rows = groups.size if tensor_per_group and granularity == Granularity.TENSORWISE else None
-        return Quantized(quantize_rows(x, fp8_dtype, granularity, segment_rows), None, None)
+        # A layout given is handed on, for the GEMM over these rows (grouped_mm) not to map the groups again.
+        return Quantized(quantize_rows(x, fp8_dtype, granularity, segment_rows), None, groups.layout)
     G, device = groups.count, x.device
     equal = groups.offs is None
     capacity = groups.capacity(R)
     token_blocks = capacity // BLOCK
     layout = None
     if not equal:  # the map covers every program of the grids below (those past the layout find group G)
-        layout = groups.layout or token_layout(groups.offs, max(token_blocks, G))
+        layout = groups.layout or token_layout(groups.offs, layout_blocks(R, G))
     offs = x if equal else groups.offs  # pointers the kernels never read for equal groups
     padded_ptr, block_groups_ptr = (x, x) if equal else (layout.padded_offs, layout.block_groups)
     q = torch.empty((R, C), dtype=fp8_dtype, device=device) if rows else None

@@ -13,6 +13,10 @@
     out = grouped_gemm_fp8(tokens, expert_weights, group_lens, config=cfg, main_grad=main_grad)
     out.backward(grad)                                          # main_grad += dW; expert_weights.grad stays None
 
+    layout = group_layout(group_offs, tokens.shape[0])          # the groups mapped once for the ops sharing them
+    h = grouped_gemm_fp8(tokens, w_gate_up, group_lens, group_offs, config=cfg, layout=layout)
+    out = swiglu_down_fp8(h, w_down, group_offs, cfg, layout=layout)   # kernels.moe: same tokens, same groups
+
 Inputs stay in bf16/fp16. Each is quantized once per step into every layout its passes read
 (kernels/grouped_gemm_fp8/kernel.py): the forward quantizes the tokens along K for itself and along
 each group's tokens for the wgrad, and the weight both ways (the dgrad reads the second), keeping
@@ -25,12 +29,22 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.fp8 import Float8Config, Format, Granularity, RowGroups, RowSource, quantize_both
+from kernels.common.fp8 import (
+    Float8Config,
+    Format,
+    Granularity,
+    RowGroups,
+    RowSource,
+    TokenLayout,
+    group_layout,
+    quantize_both,
+)
 from kernels.grouped_gemm import check_grouped_inputs
 from kernels.grouped_gemm_fp8.kernel import (
     ForBackward,
     QuantizedWeight,
     WeightFp8,
+    check_layout,
     check_main_grad,
     check_prequantized,
     m_grouped_fp8,
@@ -52,17 +66,18 @@ def prequantize_weight(b: torch.Tensor, trans_b: bool = True, config: Float8Conf
 def fp8_forward(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, trans_b: bool, config: Float8Config, out: torch.Tensor,
     needs: tuple[bool, bool] = (False, False), b_fp8: WeightFp8 | None = None, a_glu: bool = False,
-    a_source: RowSource | None = None,
+    a_source: RowSource | None = None, layout: TokenLayout | None = None,
 ) -> ForBackward:
     """out[rows_g] = a[rows_g] @ op(b[g]) in FP8; `needs` = (grad of a, grad of b) says what to keep;
     `b_fp8`, b already quantized (prequantize_weight), skips quantizing it. `a_glu`: a is a SwiGLU's input
     [rows, 2K] and the GEMM's A is silu(a[:, :K]) * a[:, K:], computed in its quantization (quantize_both's
     glu): an MoE layer's Down GEMM without the SwiGLU output ever written. `a_source`: the GEMM's A has
     a_source.rows.numel() rows, each a row of a read through the index (an MoE layer's GateUP GEMM on the
-    tokens without their permuted copy ever written)."""
+    tokens without their permuted copy ever written). `layout`: the groups' token layout (group_layout), made once by
+    a caller for the ops that share the groups, else mapped here where a kernel reads it."""
     need_da, need_db = needs
     gran = config.granularity
-    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs), cols=need_db, glu=a_glu,
+    a_q = quantize_both(a, config.forward_dtype, gran, RowGroups.tokens(offs, layout), cols=need_db, glu=a_glu,
                         source=a_source)
     weight, dgrad_weight = weight_operands(b, trans_b, config.forward_dtype, gran, need_da, b_fp8)
     m_grouped_fp8("fwd", a_q.rows, weight, offs, gran, out, a_q.layout, a_q.row_index)
@@ -117,9 +132,10 @@ def backward_from(
 
 class _GroupedGemmFp8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, offs, trans_b, out_dtype, config, b_fp8, main_grad):
+    def forward(ctx, a, b, offs, trans_b, out_dtype, config, b_fp8, main_grad, layout):
         out = torch.empty((a.shape[0], b.shape[1] if trans_b else b.shape[2]), dtype=out_dtype, device=a.device)
-        ctx.saved = fp8_forward(a, b, offs, trans_b, config, out, needs=ctx.needs_input_grad[:2], b_fp8=b_fp8)
+        ctx.saved = fp8_forward(a, b, offs, trans_b, config, out, needs=ctx.needs_input_grad[:2], b_fp8=b_fp8,
+                                layout=layout)
         ctx.save_for_backward(offs)
         ctx.trans_b, ctx.config, ctx.dtype, ctx.main_grad = trans_b, config, a.dtype, main_grad
         ctx.a_shape, ctx.b_shape = a.shape, b.shape
@@ -131,7 +147,7 @@ class _GroupedGemmFp8(torch.autograd.Function):
         grad_out = grad_out.to(ctx.dtype).contiguous()
         grad_a = grad_out.new_empty(ctx.a_shape) if ctx.needs_input_grad[0] else None
         grad_b = backward_from(ctx, grad_out, offs, ctx.trans_b, grad_a, ctx.needs_input_grad[1], ctx.b_shape)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None
 
 
 def grouped_gemm_fp8(
@@ -144,6 +160,7 @@ def grouped_gemm_fp8(
     config: Float8Config | None = None,
     b_fp8: WeightFp8 | None = None,
     main_grad: torch.Tensor | None = None,
+    layout: TokenLayout | None = None,
 ) -> torch.Tensor:
     """Per group g: out[rows_g] = a[rows_g] @ (b[g]^T if trans_b else b[g]) in FP8, with autograd.
 
@@ -155,6 +172,8 @@ def grouped_gemm_fp8(
     in the wgrad's epilogue, and leaves b.grad alone: gradient accumulation over microbatches without
     a separate add of the whole weight gradient (Megatron's and TransformerEngine's main_grad). The
     caller zeroes it after each optimizer step.
+    `layout` (group_layout(offs, a.shape[0])): the groups' token layout, made once by a caller whose ops
+    share the groups (an MoE layer's GateUP and swiglu_down_fp8), where each op would map them again.
     """
     config = config or Float8Config()
     if not isinstance(config, Float8Config):
@@ -167,8 +186,9 @@ def grouped_gemm_fp8(
         check_prequantized("grouped_gemm_fp8", b_fp8, b, trans_b, config.forward_dtype, config.granularity)
     if main_grad is not None:
         check_main_grad("grouped_gemm_fp8", main_grad, b)
-    return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config, b_fp8, main_grad)
+    check_layout("grouped_gemm_fp8", layout, offs, a.shape[0])
+    return _GroupedGemmFp8.apply(a.contiguous(), b, offs, trans_b, out_dtype, config, b_fp8, main_grad, layout)
 
 
-__all__ = ["Float8Config", "Format", "Granularity", "WeightFp8", "backward_from", "for_backward", "fp8_backward",
-           "fp8_forward", "grouped_gemm_fp8", "prequantize_weight"]
+__all__ = ["Float8Config", "Format", "Granularity", "TokenLayout", "WeightFp8", "backward_from", "for_backward",
+           "fp8_backward", "fp8_forward", "group_layout", "grouped_gemm_fp8", "prequantize_weight"]

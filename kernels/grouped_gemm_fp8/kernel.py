@@ -21,7 +21,16 @@ import torch
 
 from kernels.common import blockwise_ws
 from kernels.common.device import cdiv
-from kernels.common.fp8 import Float8Config, Granularity, RowGroups, TokenLayout, quantize_blocks_2d, quantize_both
+from kernels.common.fp8 import (
+    BLOCK,
+    Float8Config,
+    Granularity,
+    RowGroups,
+    TokenLayout,
+    layout_blocks,
+    quantize_blocks_2d,
+    quantize_both,
+)
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
 from kernels.grouped_gemm.kernel import VarKScales, grouped_mm, grouped_mm_vark
@@ -168,6 +177,21 @@ def check_main_grad(op: str, main_grad: object, b: torch.Tensor) -> None:
         raise ValueError(f"{op}: main_grad is on {main_grad.device}, b on {b.device}")
     if not b.requires_grad:
         raise ValueError(f"{op}: main_grad takes b's gradient, but b does not require grad")
+
+
+def check_layout(op: str, layout: object, group_offs: torch.Tensor, rows: int) -> None:
+    """Refuse (ValueError, one line) a `layout` that cannot be group_layout(group_offs, rows): another type, group
+    count or block, or too few blocks for the kernels that read it. Its values stay on the device, unread."""
+    if layout is None:
+        return
+    if not isinstance(layout, TokenLayout):
+        raise ValueError(f"{op}: layout must be a TokenLayout (group_layout), got {type(layout).__name__}")
+    groups, blocks = group_offs.numel() - 1, layout.block_groups.numel()
+    needed = layout_blocks(rows, groups)
+    if layout.block != BLOCK or layout.padded_offs.shape != group_offs.shape or blocks < needed:
+        raise ValueError(f"{op}: layout must be group_layout(group_offs, {rows}): {needed} blocks of {BLOCK} rows "
+                         f"over {groups} groups, got {blocks} blocks of {layout.block} over "
+                         f"{layout.padded_offs.numel() - 1}")
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ import triton
 import triton.language as tl
 
 from kernels.common.device import cdiv
-from kernels.common.fp8 import Float8Config, Granularity, RowSource
+from kernels.common.fp8 import Float8Config, Granularity, RowSource, TokenLayout, group_layout
 from kernels.common.launch import fast_launch
 from kernels.grouped_gemm import grouped_gemm
 from kernels.grouped_gemm_fp8 import WeightFp8, backward_from, fp8_forward, prequantize_weight
-from kernels.grouped_gemm_fp8.kernel import check_main_grad, check_prequantized
+from kernels.grouped_gemm_fp8.kernel import check_layout, check_main_grad, check_prequantized
 from kernels.moe.permute import gather_rows, permute, scatter_rows, sort_by_expert, unpermute
 
 # 16-byte accesses of bf16: 8 a thread over 1024 columns, 4 rows a program.
@@ -158,10 +158,10 @@ class _PermutedGemmFp8(torch.autograd.Function):
     backward)."""
 
     @staticmethod
-    def forward(ctx, x, w, order, config, w_fp8, main_grad):
+    def forward(ctx, x, w, order, config, w_fp8, main_grad, layout):
         out = x.new_empty((order.sources.numel(), w.shape[1]))
         ctx.saved = fp8_forward(x, w, order.group_offs, True, config, out, needs=ctx.needs_input_grad[:2],
-                                b_fp8=w_fp8, a_source=RowSource(order.sources))
+                                b_fp8=w_fp8, a_source=RowSource(order.sources), layout=layout)
         ctx.order, ctx.config, ctx.w_shape, ctx.main_grad = order, config, w.shape, main_grad
         ctx.x_shape, ctx.dtype = x.shape, x.dtype
         return out
@@ -175,7 +175,7 @@ class _PermutedGemmFp8(torch.autograd.Function):
         grad_w = backward_from(ctx, grad_out, order.group_offs, True, grad_rows, need_w, ctx.w_shape)
         ctx.order = None
         grad_x = gather_rows(grad_rows, order.row_map.rows, None, grad_out.new_empty(ctx.x_shape)) if need_x else None
-        return grad_x, grad_w, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None
 
 
 def probs_grad_from_rows(config: Float8Config) -> bool:
@@ -202,10 +202,10 @@ class _SwiGLUDownFp8(torch.autograd.Function):
     neither kept nor read again; tensorwise (one scale for both layouts) keeps y and takes the dot from it."""
 
     @staticmethod
-    def forward(ctx, h, w, probs, offs, config, w_fp8, main_grad, order):
+    def forward(ctx, h, w, probs, offs, config, w_fp8, main_grad, order, layout):
         y = h.new_empty((h.shape[0], w.shape[1]))
         ctx.saved = fp8_forward(h, w, offs, True, config, y, needs=ctx.needs_input_grad[:2], b_fp8=w_fp8,
-                                a_glu=True)
+                                a_glu=True, layout=layout)
         ctx.config, ctx.w_shape, ctx.main_grad, ctx.order = config, w.shape, main_grad, order
         if order is None:
             ctx.save_for_backward(h, offs, None, None)
@@ -239,16 +239,18 @@ class _SwiGLUDownFp8(torch.autograd.Function):
                 grad_probs = dots.index_select(0, (pairs + 1).view(-1)).view(pairs.shape).to(probs.dtype)
         elif need_h:
             grad_h = swiglu_backward(h, grad_a)
-        return grad_h if need_h else None, grad_w, grad_probs, None, None, None, None, None
+        return grad_h if need_h else None, grad_w, grad_probs, None, None, None, None, None, None
 
 
 def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Tensor, config: Float8Config,
-                    w_fp8: WeightFp8 | None = None, main_grad: torch.Tensor | None = None) -> torch.Tensor:
+                    w_fp8: WeightFp8 | None = None, main_grad: torch.Tensor | None = None,
+                    layout: TokenLayout | None = None) -> torch.Tensor:
     """The Down GEMM in FP8 on swiglu(h), with autograd to h and w_down: h [R, 2I] (the GateUP GEMM's output,
     gate half first, rows grouped by expert at `group_offs`, int64 [E + 1] on the device), w_down [E, H, I].
     The SwiGLU is computed inside the quantization of the GEMM's input and never written. `w_fp8`: w_down
     quantized once per optimizer step (prequantize_weight, same config); `main_grad`: a buffer w_down's
-    gradient adds into (as grouped_gemm_fp8's)."""
+    gradient adds into (as grouped_gemm_fp8's); `layout`: the groups' token layout, group_layout(group_offs,
+    rows), the one the GateUP GEMM before was given (h holds its rows, in its groups): mapped once for both."""
     if not isinstance(config, Float8Config):
         raise ValueError(f"swiglu_down_fp8: config must be a Float8Config, got {type(config).__name__}")
     if h.dtype != w_down.dtype:
@@ -263,7 +265,8 @@ def swiglu_down_fp8(h: torch.Tensor, w_down: torch.Tensor, group_offs: torch.Ten
         check_prequantized("swiglu_down_fp8", w_fp8, w_down, True, config.forward_dtype, config.granularity)
     if main_grad is not None:
         check_main_grad("swiglu_down_fp8", main_grad, w_down)
-    return _SwiGLUDownFp8.apply(h.contiguous(), w_down, None, group_offs, config, w_fp8, main_grad, None)
+    check_layout("swiglu_down_fp8", layout, group_offs, h.shape[0])
+    return _SwiGLUDownFp8.apply(h.contiguous(), w_down, None, group_offs, config, w_fp8, main_grad, None, layout)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -337,5 +340,9 @@ def moe_experts(x: torch.Tensor, expert_ids: torch.Tensor, probs: torch.Tensor, 
     order = sort_by_expert(expert_ids, probs, num_experts=E)
     gate_up_fp8, down_fp8 = (weights_fp8.gate_up, weights_fp8.down) if weights_fp8 else (None, None)
     gate_up_grad, down_grad = main_grads or (None, None)
-    h = _PermutedGemmFp8.apply(x.contiguous(), w_gate_up, order, fp8, gate_up_fp8, gate_up_grad)
-    return _SwiGLUDownFp8.apply(h, w_down, probs.contiguous(), order.group_offs, fp8, down_fp8, down_grad, order)
+    # The GateUP GEMM's rows in expert order and the Down GEMM's (its output's) are the same rows in the same
+    # groups: their token layout mapped once for both, forward and backward.
+    layout = group_layout(order.group_offs, order.sources.numel())
+    h = _PermutedGemmFp8.apply(x.contiguous(), w_gate_up, order, fp8, gate_up_fp8, gate_up_grad, layout)
+    return _SwiGLUDownFp8.apply(h, w_down, probs.contiguous(), order.group_offs, fp8, down_fp8, down_grad, order,
+                                layout)
