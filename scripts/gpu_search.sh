@@ -2,7 +2,7 @@
 # Issues 19 and 20: the retune search, from a detuned table or from the op's own, then the tables benched
 # against each other in one call; one screening round on 1 GPU and on 2. Each part fits one device call
 # (under 10 minutes); carry .whl (pydantic, gitpython). Results land in $OUT/results.tgz.
-# OP, VARIANT, SHAPES (default grouped_gemm_fp8, e4m3-rowwise, headline) name the campaign's op; MINUTES
+# OP, VARIANT (default grouped_gemm_fp8, e4m3-rowwise) and SHAPES (default: the op's own preset) name the campaign's op; MINUTES
 # (default 6) its rounds; TIMING (default auto; cuda-graph times the kernels alone, for presets whose shapes are
 # host-bound, where a tile config cannot move the host time) its manifest's timing; GPUS=0 (a
 # CUDA_VISIBLE_DEVICES list) keeps it to those GPUs.
@@ -17,7 +17,7 @@ source "$(dirname "$0")/gpu_env.sh"
 install_wheels
 OP=${OP:-grouped_gemm_fp8}
 VARIANT=${VARIANT:-e4m3-rowwise}
-SHAPES=${SHAPES:-headline}
+SHAPES=${SHAPES:-}
 TUNING=kernels/$OP/tuning.py
 NAME=search-$OP
 git_snapshot
@@ -27,7 +27,7 @@ start_campaign() {  # the manifest, committed, then the campaign
   cat > "campaigns/$NAME.yaml" <<YAML
 op: $OP
 variant: $VARIANT
-shapes: $SHAPES
+${SHAPES:+shapes: $SHAPES}
 max_iterations: 20
 max_duration_min: ${MINUTES:-6}
 timing: ${TIMING:-auto}
@@ -70,7 +70,7 @@ PY
     cp "${2:-$TUNING}" "$WORK/best.py"
     for run in repo-1 best-1 best-2 repo-2; do
       cp "$WORK/${run%-*}.py" "$TUNING"
-      step "bench-$run" 140 python3 -m agent bench --op "$OP" --variant "$VARIANT" --shapes "$SHAPES" \
+      step "bench-$run" 140 python3 -m agent bench --op "$OP" --variant "$VARIANT" ${SHAPES:+--shapes "$SHAPES"} \
         ${TIMING:+--timing "$TIMING"} \
         --repeats 20 --summary-csv "$WORK/$run.csv"
     done
