@@ -102,7 +102,7 @@ def wgrad_variants(G: int, T: int, P: int, Q: int, stages: list[int], group_ms: 
             lambda acc, c=c: grouped_mm_vark(xt, yt, padded, out, c, vark, padded=True, accumulate=acc))
             for c in (table, TRITON_CONFIG)}
     else:  # the dense wgrad's kernels before the token reduction, under the table's config
-        table = blockwise_ws.triton_tile(dense_config_for("wgrad", P, Q, Granularity.BLOCKWISE))
+        table = blockwise_ws.triton_tile(dense_config_for("wgrad", P, Q, Granularity.BLOCKWISE, (P, Q)))
         one_group = torch.tensor([0, P], device="cuda", dtype=torch.int64)
         triton = {f"triton {table.BLOCK_M}x{table.BLOCK_N} w{table.num_warps} s{table.num_stages}": (
             lambda acc: grouped_mm(xt, yt[None], one_group, out, table, scales, True) if acc

@@ -8,6 +8,7 @@ import torch
 
 from harness.snr import snr_db
 from kernels.common.fp8 import Float8Config, Format, Granularity
+from kernels.common.tiles import layer_class
 from kernels.gemm_fp8 import Fp8Tensor, fp8_backward, fp8_forward, gemm_fp8, prequantize_weight, quantize
 from kernels.gemm_fp8.tuning import TUNABLE_SPACE, TUNED_TABLE, buckets_for, config_for
 from tests.graph_replay import replay_and_eager
@@ -127,7 +128,32 @@ def test_tuned_table_lies_in_the_tunable_space_and_covers_every_pass():
     for gran in Granularity:
         for key in buckets_for(dims, f"e4m3-{gran.value}"):
             assert key in TUNED_TABLE
-    assert config_for("fwd", 8192, 8192, Granularity.BLOCKWISE).BLOCK_K == 128
+    assert config_for("fwd", 8192, 8192, Granularity.BLOCKWISE, (8192, 8192)).BLOCK_K == 128
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_every_pass_asks_for_its_layers_entry(monkeypatch, trans_b, device, half_dtype):
+    """The table may split a bucket by layer (`<bucket> <N>x<K>`): each pass names the layer's weight, whichever
+    way round it holds it, so a split entry serves the forward, the dgrad and the wgrad of its layer alone."""
+    import kernels.gemm_fp8.kernel as kernel
+
+    asked = []
+
+    def recording(pass_name, rows, cols, granularity, weight_dims):
+        asked.append((pass_name, layer_class(*weight_dims)))
+        return config_for(pass_name, rows, cols, granularity, weight_dims)
+
+    monkeypatch.setattr(kernel, "config_for", recording)
+    M, N, K = SHAPES[0]
+    b = torch.randn((N, K) if trans_b else (K, N), device=device, dtype=half_dtype)
+    run_step(torch.randn(M, K, device=device, dtype=half_dtype), b, trans_b, Float8Config())
+    assert sorted(asked) == [("dgrad", f"{max(N, K)}x{min(N, K)}"), ("fwd", f"{max(N, K)}x{min(N, K)}"),
+                             ("wgrad", f"{max(N, K)}x{min(N, K)}")]
+    bucket_group_m = TUNED_TABLE["fwd/small"]["GROUP_M"]
+    monkeypatch.setitem(TUNED_TABLE, f"fwd/small {max(N, K)}x{min(N, K)}", TUNED_TABLE["fwd/small"] | {"GROUP_M": 1})
+    this_layer, another = (config_for("fwd", M, N, Granularity.ROWWISE, dims).GROUP_M for dims in ((N, K), (N + 16, K)))
+    assert (this_layer, another) == (1, bucket_group_m) and bucket_group_m != 1
+    assert f"fwd/small {max(N, K)}x{min(N, K)}" in buckets_for({"M": M, "N": N, "K": K})
 
 
 @pytest.mark.gpu

@@ -107,7 +107,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
     M, N = out.shape
     if M == 0 or N == 0:
         return out
-    cfg = config_for(pass_name, M, N, granularity)
+    # The layer's weight: b for the forward ([N, K]) and the dgrad (its transpose), the output for the wgrad.
+    cfg = config_for(pass_name, M, N, granularity, out.shape if pass_name == "wgrad" else b.shape)
     if scales.per_k_block:  # the warp-specialized kernel takes blockwise scales only: no views made for it else
         # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
         token_cfg = blockwise_ws.runnable(a, b, out, scales, cfg, token_reduction=True)

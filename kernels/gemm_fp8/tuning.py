@@ -2,7 +2,9 @@
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
 Buckets by output area (small up to 2048 x 2048), with a `/blockwise` twin. BLOCK_K is 128:
-blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes.
+blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes. A bucket whose layers disagree
+is split by an entry `<bucket> <layer class>` (kernels/common/tiles.py, `layer_class`: the weight's two
+dims), that layer's own config, as the grouped ops' tables are.
 
 On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
 kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kernels.common.fp8 import Granularity
-from kernels.common.tiles import RememberedConfigs, TileConfig, fits_shared_memory
+from kernels.common.tiles import RememberedConfigs, TileConfig, fits_shared_memory, layer_class, table_entry
 
 PASSES = ("fwd", "dgrad", "wgrad")
 SMALL_AREA = 2048 * 2048
@@ -59,17 +61,27 @@ def bucket(pass_name: str, rows: int, cols: int, granularity: Granularity) -> st
 _CONFIGS = RememberedConfigs()
 
 
-def config_for(pass_name: str, rows: int, cols: int, granularity: Granularity) -> TileConfig:
-    return _CONFIGS.config(TUNED_TABLE, TUNABLE_SPACE, (pass_name, rows, cols, granularity),
-                           lambda: bucket(pass_name, rows, cols, granularity))
+def config_for(pass_name: str, rows: int, cols: int, granularity: Granularity,
+               weight_dims: tuple[int, int]) -> TileConfig:
+    """The config of a pass whose output is [rows, cols], of a Linear layer whose weight has `weight_dims` (the two
+    dims, either way round)."""
+    dim_a, dim_b = weight_dims
+    return _CONFIGS.config(
+        TUNED_TABLE, TUNABLE_SPACE, (pass_name, rows, cols, granularity, dim_a, dim_b),
+        lambda: table_entry(TUNED_TABLE, bucket(pass_name, rows, cols, granularity), layer_class(dim_a, dim_b)))
+
+
+def shape_class(dims: Mapping[str, int]) -> str:
+    """What a bucket may be split on: the layer (its weight's N and K)."""
+    return layer_class(dims["N"], dims["K"])
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:
-    """Buckets a Linear layer's fwd+bwd step uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
+    """Table entries a Linear layer's fwd+bwd step uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
     granularity = Granularity(variant.split("-")[1])
     M, N, K = dims["M"], dims["N"], dims["K"]
     outputs = {"fwd": (M, N), "dgrad": (M, K), "wgrad": (N, K)}
-    return {bucket(p, *outputs[p], granularity) for p in PASSES}
+    return {table_entry(TUNED_TABLE, bucket(p, *outputs[p], granularity), shape_class(dims)) for p in PASSES}
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
