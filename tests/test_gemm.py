@@ -4,10 +4,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.snr import snr_db
 from kernels.common.device import default_device
-from kernels.common.tiles import TileConfig, config_from_table
+from kernels.common.tiles import TileConfig, config_from_table, layer_class
 from kernels.common.tma import descriptor, stack_tma_layout, tma_layout
 from kernels.gemm import gemm, gemm_backward, gemm_forward
-from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, config_for, shape_bucket
+from kernels.gemm.tuning import TUNABLE_SPACE, TUNED_TABLE, buckets_for, config_for, shape_bucket
 
 # (M, N, K): none divisible by the blocks, a long K, a single row (the pointer kernel); then shapes
 # whose rows are 16-byte multiples, not multiples of the blocks either (the TMA kernel).
@@ -136,6 +136,30 @@ def test_tuned_table_lies_in_the_tunable_space():
     with pytest.raises(ValueError, match="outside the tunable space"):
         config_from_table({"odd": TUNED_TABLE["small"] | {"BLOCK_M": 48}}, TUNABLE_SPACE, "odd")
     assert isinstance(config_for(100, 100, 100), TileConfig)
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_every_pass_of_a_layer_asks_for_its_entry(monkeypatch, trans_b, device, half_dtype):
+    """The table may split a bucket by layer (`<bucket> <N>x<K>`, the weight's dims): the forward, the dgrad and
+    the wgrad of a gemm call all name b's, whichever way round it is held, and a split entry serves that layer
+    alone."""
+    import kernels.gemm.kernel as kernel
+
+    asked = []
+
+    def recording(M, N, K, weight_dims=None):
+        asked.append(weight_dims and layer_class(*weight_dims))
+        return config_for(M, N, K, weight_dims)
+
+    monkeypatch.setattr(kernel, "config_for", recording)
+    M, N, K = 130, 70, 64
+    a, b = operands(M, N, K, False, trans_b, half_dtype, device)
+    gemm(a, b, trans_b=trans_b).backward(torch.randn(M, N, dtype=half_dtype, device=device))
+    assert asked == ["70x64"] * 3
+    monkeypatch.setitem(TUNED_TABLE, "small 70x64", TUNED_TABLE["small"] | {"GROUP_M": 1})
+    this_layer, another, no_layer = (config_for(M, N, K, dims).GROUP_M for dims in ((N, K), (N + 8, K), None))
+    assert (this_layer, another, no_layer) == (1, TUNED_TABLE["small"]["GROUP_M"], TUNED_TABLE["small"]["GROUP_M"])
+    assert TUNED_TABLE["small"]["GROUP_M"] != 1 and "small 70x64" in buckets_for({"M": M, "N": N, "K": K})
 
 
 

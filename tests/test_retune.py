@@ -26,15 +26,25 @@ def fake_speed(cfg) -> float:
         0.9 if cfg["GROUP_M"] == 4 else 1.0)
 
 
+class FakeMeasure:
+    """Scores over the batch's first config, as the trial pool reports them, the same on every shape."""
+
+    def __call__(self, configs, fidelity):
+        return [fake_speed(c) / fake_speed(configs[0]) for c in configs]
+
+    def on(self, shapes):
+        return self
+
+
 class FakeTrials:
-    """The measure factory: scores over the batch's first config, as the trial pool reports them."""
+    """The measure factory."""
 
     def __init__(self):
         self.buckets = []
 
     def __call__(self, context, bucket, shapes):
         self.buckets.append((bucket, [s.label for s in shapes]))
-        return lambda configs, fidelity: [fake_speed(c) / fake_speed(configs[0]) for c in configs]
+        return FakeMeasure()
 
 
 @pytest.mark.parametrize("algorithm", ["pattern", "lhs", "halving"])

@@ -24,8 +24,9 @@ def gemm_forward(
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`op(a) @ op(b)`, op transposing where asked (as a view: no copy)."""
-    return matmul(_op(a, trans_a), _op(b, trans_b), out=out, out_dtype=out_dtype)
+    """`op(a) @ op(b)`, op transposing where asked (as a view: no copy); b is the layer's weight (the tuned
+    table's entry for the layer, where it has one)."""
+    return matmul(_op(a, trans_a), _op(b, trans_b), out=out, out_dtype=out_dtype, weight_dims=tuple(b.shape))
 
 
 def gemm_backward(
@@ -49,11 +50,11 @@ def gemm_backward(
         if grad_a is None:
             grad_a = torch.empty_like(a)
         # d op(a) = dO @ op(b)^T; writing through op(grad_a) puts it in a's layout.
-        matmul(grad_out, _op(b, trans_b).t(), out=_op(grad_a, trans_a))
+        matmul(grad_out, _op(b, trans_b).t(), out=_op(grad_a, trans_a), weight_dims=tuple(b.shape))
     if need_grad_b:
         if grad_b is None:
             grad_b = torch.empty_like(b)
-        matmul(_op(a, trans_a).t(), grad_out, out=_op(grad_b, trans_b))
+        matmul(_op(a, trans_a).t(), grad_out, out=_op(grad_b, trans_b), weight_dims=tuple(b.shape))
     return grad_a, grad_b
 
 

@@ -1,14 +1,16 @@
 """gemm: the tunable space and the tuned table (shape bucket -> launch config).
 
 The campaign's search proposer rewrites TUNED_TABLE: keep it a plain literal, one bucket a line.
-`buckets_for` tells it which buckets a benchmark shape exercises.
+`buckets_for` tells it which entries a benchmark shape exercises. A bucket whose layers disagree is split by
+an entry `<bucket> <layer class>` (kernels/common/tiles.py, `layer_class`: the weight's two dims), that
+layer's own config, for the passes of a `gemm` call (whose b is the weight).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory
+from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (32, 64, 128, 256),
@@ -38,14 +40,24 @@ def shape_bucket(M: int, N: int, K: int) -> str:
     return "large"
 
 
-def config_for(M: int, N: int, K: int) -> TileConfig:
-    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, shape_bucket(M, N, K))
+def config_for(M: int, N: int, K: int, weight_dims: tuple[int, int] | None = None) -> TileConfig:
+    """The config of an (M, N, K) product; a layer's own where the table splits its bucket by the layer whose
+    weight has `weight_dims` (the two dims, either way round)."""
+    bucket = shape_bucket(M, N, K)
+    if weight_dims is not None:
+        bucket = table_entry(TUNED_TABLE, bucket, layer_class(*weight_dims))
+    return config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket)
+
+
+def shape_class(dims: Mapping[str, int]) -> str:
+    """What a bucket may be split on: the layer (its weight's N and K)."""
+    return layer_class(dims["N"], dims["K"])
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
-    """Buckets a Linear layer's step of these dims uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
+    """Table entries a Linear layer's step of these dims uses: forward [M, N], dgrad [M, K], wgrad [N, K]."""
     M, N, K = dims["M"], dims["N"], dims["K"]
-    return {shape_bucket(M, N, K), shape_bucket(M, K, N), shape_bucket(N, K, M)}
+    return {table_entry(TUNED_TABLE, shape_bucket(*mnk), shape_class(dims)) for mnk in ((M, N, K), (M, K, N), (N, K, M))}
 
 
 def fits(cfg: Mapping[str, int]) -> bool:
