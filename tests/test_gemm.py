@@ -143,7 +143,7 @@ def test_every_pass_of_a_layer_asks_for_its_entry(monkeypatch, trans_b, device, 
     """The table may split a bucket by layer (`<bucket> <N>x<K>`, the weight's dims): the forward, the dgrad and
     the wgrad of a gemm call all name b's, whichever way round it is held, and a split entry serves that layer
     alone."""
-    import kernels.gemm.kernel as kernel
+    import kernels.gemm as package
 
     asked = []
 
@@ -151,7 +151,7 @@ def test_every_pass_of_a_layer_asks_for_its_entry(monkeypatch, trans_b, device, 
         asked.append(weight_dims and layer_class(*weight_dims))
         return config_for(M, N, K, weight_dims)
 
-    monkeypatch.setattr(kernel, "config_for", recording)
+    monkeypatch.setattr(package, "config_for", recording)
     M, N, K = 130, 70, 64
     a, b = operands(M, N, K, False, trans_b, half_dtype, device)
     gemm(a, b, trans_b=trans_b).backward(torch.randn(M, N, dtype=half_dtype, device=device))

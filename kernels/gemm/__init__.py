@@ -10,10 +10,22 @@ from __future__ import annotations
 import torch
 
 from kernels.gemm.kernel import matmul
+from kernels.gemm.tuning import config_for
 
 
 def _op(t: torch.Tensor, trans: bool) -> torch.Tensor:
     return t.t() if trans else t
+
+
+def _layer_matmul(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """matmul(a, b) as one pass of the layer whose weight is `weight` (gemm's b, whichever pass): the tuned
+    table's entry of that layer, where it splits the bucket by layer. Operands matmul refuses reach it
+    unconfigured, for its one-line error."""
+    config = None
+    if a.ndim == 2 and b.ndim == 2 and weight.ndim == 2:
+        config = config_for(a.shape[0], b.shape[1], a.shape[1], tuple(weight.shape))
+    return matmul(a, b, out=out, out_dtype=out_dtype, config=config)
 
 
 def gemm_forward(
@@ -24,9 +36,8 @@ def gemm_forward(
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`op(a) @ op(b)`, op transposing where asked (as a view: no copy); b is the layer's weight (the tuned
-    table's entry for the layer, where it has one)."""
-    return matmul(_op(a, trans_a), _op(b, trans_b), out=out, out_dtype=out_dtype, weight_dims=tuple(b.shape))
+    """`op(a) @ op(b)`, op transposing where asked (as a view: no copy)."""
+    return _layer_matmul(_op(a, trans_a), _op(b, trans_b), b, out=out, out_dtype=out_dtype)
 
 
 def gemm_backward(
@@ -50,11 +61,11 @@ def gemm_backward(
         if grad_a is None:
             grad_a = torch.empty_like(a)
         # d op(a) = dO @ op(b)^T; writing through op(grad_a) puts it in a's layout.
-        matmul(grad_out, _op(b, trans_b).t(), out=_op(grad_a, trans_a), weight_dims=tuple(b.shape))
+        _layer_matmul(grad_out, _op(b, trans_b).t(), b, out=_op(grad_a, trans_a))
     if need_grad_b:
         if grad_b is None:
             grad_b = torch.empty_like(b)
-        matmul(_op(a, trans_a).t(), grad_out, out=_op(grad_b, trans_b), weight_dims=tuple(b.shape))
+        _layer_matmul(_op(a, trans_a).t(), grad_out, b, out=_op(grad_b, trans_b))
     return grad_a, grad_b
 
 

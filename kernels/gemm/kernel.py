@@ -201,11 +201,8 @@ def matmul(
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: TileConfig | None = None,
-    weight_dims: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """`out = a @ b` for a [M, K] and b [K, N] of any strides; writes into `out` (any strides) if given.
-    `weight_dims`: the dims of the layer's weight this product is a pass of, for the table's entry of that
-    layer (config_for), where the table has one."""
+    """`out = a @ b` for a [M, K] and b [K, N] of any strides; writes into `out` (any strides) if given."""
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm: operands must be 2-D, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     if a.dtype not in SUPPORTED_INPUT_DTYPES or b.dtype != a.dtype:
@@ -227,10 +224,10 @@ def matmul(
         return out.zero_()
     if out.stride(0) == 1 and out.stride(1) != 1:
         # A column-major out (wgrad into a transposed view): compute out^T = b^T @ a^T so stores stay row-major.
-        matmul(b.t(), a.t(), out=out.t(), config=config, weight_dims=weight_dims)
+        matmul(b.t(), a.t(), out=out.t(), config=config)
         return out
 
-    cfg = config or config_for(M, N, K, weight_dims)
+    cfg = config or config_for(M, N, K)
     if None not in (tma_layout(a), tma_layout(b)) and tma_layout(out) is True:
         return launch_tma(a, b, out, cfg)
     return launch_pointer(a, b, out, cfg)
