@@ -91,7 +91,8 @@ def trial_timing() -> str | None:
     a loop pays it (host time included), the same config read 0.74-1.23x the base across the rungs of one
     search, and the base itself 720-894 TFLOPS from batch to batch (H200, docs/performance.md IA): the screen
     ranked configs by the host's noise. As replays, four batches of the base agreed within 0.3-2.5% and each
-    candidate's ratio within 1.5% (IB). The interpreter keeps its wall clock."""
+    candidate's ratio to it within 0.1-4.4%, against 6-33% with host time in (IB). The interpreter keeps its wall
+    clock."""
     return None if interpreter_mode() else "cuda-graph"
 
 
