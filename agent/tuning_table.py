@@ -23,11 +23,11 @@ def tuning_file(manifest: Manifest) -> str:
 
 
 def tuning_module(root: Path, manifest: Manifest) -> ModuleType:
-    """The tuned table's module, for its `buckets_for(dims, variant)` and `fits(config)`: imported as a
-    package module for turbo-opt's own ops, loaded from the checkout's file for an external target."""
-    if manifest.tuned_table is None:
-        return importlib.import_module(f"kernels.{manifest.op}.tuning")
-    path = root / manifest.tuned_table
+    """The tuned table's module, for its `buckets_for(dims, variant)`, `shape_class(dims)` and `fits(config)`,
+    loaded from the checkout's file as it is now: the search rewrites it round by round, and `buckets_for`
+    names the split entries its table holds (an import of turbo-opt's own `kernels.<op>.tuning` would keep the
+    table as the process first read it, and a layer split off in round 2 would still map to its bucket)."""
+    path = root / tuning_file(manifest)
     spec = importlib.util.spec_from_file_location(f"turbo_opt_tuned_table_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

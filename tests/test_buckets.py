@@ -3,16 +3,26 @@ proposing the split when the bucket's winner would slow one layer down (fake tri
 
 import json
 
+import git
 import pytest
+import torch
+from rich.console import Console
 
 from agent.knowledge import Tip
 from agent.knowledge import shape_class as knowledge_shape_class
 from agent.proposers import Proposed
 from agent.proposers.search import SearchProposer
+from agent.runner import Campaign
 from agent.tuning_table import read_tuning, rewrite_table
+from harness.meta import BenchMeta, TimingInfo, environment, write_meta
+from harness.schema import GEMM, write_summary
+from harness.shapes import load_shape_file
 from kernels.common.fp8 import Granularity
-from kernels.common.tiles import TileConfig
+from kernels.common.tiles import TileConfig, layer_class, table_entry
 from kernels.grouped_gemm_fp8 import tuning as fp8_tuning
+from tests.test_campaign import make_repo
+from tests.test_campaign import manifest as campaign_manifest
+from tests.test_schema import gemm_row
 from tests.test_search_proposer import context, op_root
 
 GATEUP = {"B": 8, "M": 2048, "N": 3072, "K": 4096}
@@ -153,3 +163,47 @@ def test_a_split_known_not_to_pay_here_is_not_proposed_again(tmp_path):
     again = SearchProposer("pattern", trials, budget=60).propose(
         context(root2, "grouped_gemm_fp8", (GATEUP, DOWN), "e4m3-rowwise", tips=(tip,)))
     assert not isinstance(again, Proposed) or again.proposal.params["bucket"] != first.proposal.params["bucket"]
+
+
+class LayerMeasurer:
+    """The campaign's bench, faked: each shape at the speed `layer_speed` gives the config of its own table
+    entry (a split entry where the table has one for its layer)."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def __call__(self, request):
+        _, table = read_tuning(self.root / "kernels/gemm/tuning.py")
+        rows = []
+        for shape in load_shape_file(request.shapes_file):
+            dims = dict(shape.dims)
+            cfg = table[table_entry(table, "small", layer_class(dims["N"], dims["K"]))]
+            rows.append(gemm_row(shape.label, fwd=layer_speed(cfg, dims), bwd=layer_speed(cfg, dims)))
+        write_summary(request.summary_csv, GEMM, rows)
+        write_meta(request.summary_csv, BenchMeta(
+            op="gemm", runner="fake", csv_schema="gemm", dtype="fp16", variant="default", shapes="t", seed=0,
+            timing=TimingInfo(mode="fake", repeats=1, warmup=0, l2_flush=False), **environment(torch.device("cpu"))))
+
+
+def test_a_campaign_accepts_a_layers_own_entry_and_then_settles(tmp_path):
+    """Through the runner: two layers in one bucket (every pass "small"), whose config suits them together but
+    not the K-1536 layer alone; the split is proposed, validated, accepted as a commit, and the campaign ends."""
+    root = make_repo(tmp_path / "repo")
+    path = root / "kernels/gemm/tuning.py"
+    rewrite_table(path, read_tuning(path)[1] | {"small": DETUNED | {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32,
+                                                                   "num_warps": 8}})
+    git.Repo(root).git.commit("-qam", "the compromise")
+    shapes = [{"label": "down", "B": 1, "M": 128, "N": 128, "K": 1536},
+              {"label": "up", "B": 1, "M": 128, "N": 128, "K": 2048}]
+    campaign = Campaign.create(root, campaign_manifest("split", shapes=shapes, max_iterations=4,
+                                                       proposer={"kind": "search", "algorithm": "pattern"}),
+                               measurer=LayerMeasurer(root), console=Console(quiet=True),
+                               proposer=SearchProposer("pattern", trials, budget=60))
+    campaign.run()
+    rounds = campaign.state.optimization_rounds()
+    assert [r.status for r in rounds] == ["ACCEPT"]
+    params = rounds[0].candidate.params
+    assert params["new"] == params["old"] and list(params["split"]) == ["small 1536x128"]
+    assert rounds[0].gain_pct == pytest.approx(100 * ((1.1 / 0.7) ** 0.5 - 1), abs=0.01)
+    assert read_tuning(path)[1]["small 1536x128"]["BLOCK_N"] == 128
+    assert campaign.state.stop_reason.startswith("pattern search: no bucket left")
