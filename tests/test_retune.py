@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from agent.knowledge import Tip, shape_class
-from agent.proposers import Exhausted, Proposed
+from agent.proposers import Exhausted, Failed, Proposed
 from agent.proposers.search import SearchProposer
 from agent.runner import Campaign
 from agent.tuning_table import read_tuning
@@ -128,3 +128,22 @@ def test_a_winner_a_tip_rolled_back_from_the_same_config_and_context_is_not_prop
         fresh = op_root(tmp_path / str(proposed), "gemm")
         outcome = SearchProposer("pattern", FakeTrials(), budget=24).propose(context(fresh, tips=tips))
         assert isinstance(outcome, Proposed) == proposed
+
+
+def test_trials_that_cannot_run_the_buckets_own_config_fail_the_round_not_settle_it_quietly(tmp_path):
+    """A screen that scores the table's own config NaN (its runner failed under the trials' timing) judged
+    nothing: an ERROR round naming the bucket, and the next round goes on to the next bucket."""
+    class Broken(FakeTrials):
+        def __call__(self, context, bucket, shapes):
+            super().__call__(context, bucket, shapes)
+            return lambda configs, fidelity: [math.nan] * len(configs)
+
+    scratch: dict = {}
+    trials = Broken()
+    ctx = context(op_root(tmp_path, "gemm"), dims=TWO_BUCKETS, scratch=scratch)
+    first = SearchProposer("halving", trials).propose(ctx)
+    assert isinstance(first, Failed) and f"'{trials.buckets[0][0]}' bucket" in first.reason
+    second = SearchProposer("halving", trials).propose(ctx)
+    assert isinstance(second, Failed) and [b for b, _ in trials.buckets] == ["large", "small"]
+    assert isinstance(SearchProposer("halving", trials).propose(ctx), Exhausted)
+

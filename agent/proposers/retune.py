@@ -24,7 +24,7 @@ from typing import Protocol
 
 from agent.config_space import Config, load_space
 from agent.knowledge import Tip, shape_class, similarity
-from agent.proposers import Exhausted, Outcome, Proposed, RoundContext
+from agent.proposers import Exhausted, Failed, Outcome, Proposed, RoundContext
 from agent.search_algorithms import Measure, SearchResult, make_search
 from agent.state import Proposal
 from agent.trial_pool import TrialPool
@@ -210,6 +210,13 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
             result = make_search(algorithm, load_space(context.root, context.manifest), budget,
                                  seed=context.number).search(base, measure)
             record(context, bucket, result)
+            if not math.isfinite(result.base_score):
+                # Not "nothing beat it": the screen could not run the table's own config (the op's runner under
+                # capture, the GPU's memory...), so it judged nothing. A round of its own says so.
+                done.append(bucket)
+                return Failed(f"the trials could not measure the '{bucket}' bucket at its own config, so they "
+                              f"judged nothing there: the workers' logs and errors are in "
+                              f"rounds/round-{context.number}/trials/")
             if pays(result, base, floor) and not known_ineffective(context, bucket, base, result.best):
                 splits = split_disagreeing(context, algorithm, budget, measure, bucket, classes, base, result.best) \
                     if len(classes) > 1 else {}
