@@ -21,7 +21,7 @@ from harness.files import REPO_ROOT
 from harness.quick_test_bench import Screen, ShapeResult, prepare_bench
 from harness.registry import get_spec
 from harness.schema import PASS
-from harness.shapes import Shape
+from harness.shapes import Shape, load_shapes
 from harness.timing import Timing
 from kernels.gemm import tuning as gemm_tuning
 from tests.test_processes import alive, wait_dead
@@ -244,6 +244,24 @@ def gpu_processes() -> set[int]:
     listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
                             text=True, check=True).stdout
     return {int(pid) for pid in listed.split()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention"])
+def test_trials_time_every_tuned_op_as_graph_replays(tmp_path, op):
+    """Trials capture each op's runner in a CUDA graph (trial_timing): every op with a tuned table, its table's
+    own config on a smoke shape, checked and scored (a capture that fails would score it NaN)."""
+    import importlib
+
+    spec = get_spec(op)
+    shape = load_shapes(spec.shape_family, "smoke")[0]
+    module = importlib.import_module(f"kernels.{op}.tuning")
+    bucket = sorted(module.buckets_for(dict(shape.dims), spec.variants[0]))[0]
+    job = TrialJob(op=op, variant=spec.variants[0], shapes=[shape], bucket=bucket,
+                   configs=[module.TUNED_TABLE[bucket]], repeats=trials.trial_repeats())
+    found = run_trials(job, tmp_path / "scores.json")
+    assert trials.trial_timing() == "cuda-graph"
+    assert found.errors == [None] and math.isfinite(found.scores[0]) and found.scores[0] > 0
 
 
 @pytest.mark.gpu
