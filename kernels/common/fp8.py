@@ -564,7 +564,7 @@ class Quantized:
 
 def _aligned_floats(n: int) -> int:
     """n float32s rounded up to a whole number of 16 bytes."""
-    return -(-n // 4) * 4
+    return cdiv(n, 4) * 4
 
 
 def padded_capacity(rows: int, groups: int) -> int:

@@ -71,6 +71,12 @@ def layer_class(dim_a: int, dim_b: int) -> str:
     return f"{max(dim_a, dim_b)}x{min(dim_a, dim_b)}"
 
 
+def weight_class(dims: Mapping[str, int]) -> str:
+    """The layer class of a benchmark shape (a Linear layer's or an expert stack's dims: its weight's N and K):
+    what the ops' tuned tables split a bucket on (their `shape_class`)."""
+    return layer_class(dims["N"], dims["K"])
+
+
 def table_entry(table: Mapping[str, Mapping[str, int]], bucket: str, shape_class: str) -> str:
     """The entry a shape uses: `<bucket> <shape class>` where the table splits the bucket so (shapes that
     disagree within it get their own config), else the bucket's."""

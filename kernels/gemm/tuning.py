@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
+from kernels.common.tiles import weight_class as shape_class  # what the search may split a bucket on
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (32, 64, 128, 256),
@@ -47,11 +48,6 @@ def config_for(M: int, N: int, K: int, weight_dims: tuple[int, int] | None = Non
     if weight_dims is not None:
         bucket = table_entry(TUNED_TABLE, bucket, layer_class(*weight_dims))
     return config_from_table(TUNED_TABLE, TUNABLE_SPACE, bucket)
-
-
-def shape_class(dims: Mapping[str, int]) -> str:
-    """What a bucket may be split on: the layer (its weight's N and K)."""
-    return layer_class(dims["N"], dims["K"])
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:

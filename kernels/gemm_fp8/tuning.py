@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from kernels.common.fp8 import Granularity
 from kernels.common.tiles import RememberedConfigs, TileConfig, fits_shared_memory, layer_class, table_entry
+from kernels.common.tiles import weight_class as shape_class  # what the search may split a bucket on
 
 PASSES = ("fwd", "dgrad", "wgrad")
 SMALL_AREA = 2048 * 2048
@@ -69,11 +70,6 @@ def config_for(pass_name: str, rows: int, cols: int, granularity: Granularity,
     return _CONFIGS.config(
         TUNED_TABLE, TUNABLE_SPACE, (pass_name, rows, cols, granularity, dim_a, dim_b),
         lambda: table_entry(TUNED_TABLE, bucket(pass_name, rows, cols, granularity), layer_class(dim_a, dim_b)))
-
-
-def shape_class(dims: Mapping[str, int]) -> str:
-    """What a bucket may be split on: the layer (its weight's N and K)."""
-    return layer_class(dims["N"], dims["K"])
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "e4m3-rowwise") -> set[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from kernels.common.tiles import TileConfig, config_from_table, fits_shared_memory, layer_class, table_entry
+from kernels.common.tiles import weight_class as shape_class  # what the search may split a bucket on
 
 TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "BLOCK_M": (64, 128, 256),
@@ -45,11 +46,6 @@ def config_for(pass_name: str, total_tokens: int, groups: int, weight_dims: Sequ
     """The config of a pass over `groups` weights of `weight_dims` (the two dims, either way round)."""
     key = table_entry(TUNED_TABLE, bucket(pass_name, total_tokens, groups), layer_class(*weight_dims))
     return config_from_table(TUNED_TABLE, TUNABLE_SPACE, key)
-
-
-def shape_class(dims: Mapping[str, int]) -> str:
-    """What a bucket may be split on: the layer (its N and K)."""
-    return layer_class(dims["N"], dims["K"])
 
 
 def buckets_for(dims: Mapping[str, int], variant: str = "default") -> set[str]:
