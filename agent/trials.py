@@ -9,7 +9,9 @@ measures those only). A job sets the op's TUNED_TABLE[bucket] to each config in 
 the op reads its table at every call) and checks and times our runner on the job's shapes with the
 job's repeats (a config that computes wrong scores NaN). The score is the geomean over the shapes
 of the primary metric; SCORES.json is rewritten after every config, so a worker that is killed or
-dies still hands back the scores it finished.
+dies still hands back the scores it finished. A job's first config is the one the others are compared
+with (agent/trial_pool.py); a config far behind it on its first call is scored from that call alone
+(HOPELESS_BELOW).
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ GPU_REPEATS = 10
 # Untimed calls before each config's timed ones: its check call has compiled and run it already, and the GPU
 # is kept busy from one config to the next (the harness's default of 10 was half of a low-fidelity trial).
 TRIAL_WARMUP = 2
+# A config whose first (unscored) call rates below this fraction of the job's first config is scored from that call
+# alone: the first call of a config read as low as 0.79x its own later timing (a GPU that idled while it compiled,
+# docs/performance.md HL), so such a config is at best 0.63x the reference and cannot win. Timed in full, such
+# configs took a search up to 42 s each on llama3-70b's lm_head (8192 x 128256 x 8192) where the reference took 3 s,
+# and one rung of 17 configs most of a 7.5-minute campaign (IF).
+HOPELESS_BELOW = 0.5
 
 
 class TrialJob(BaseModel):
@@ -63,14 +71,16 @@ class TrialJob(BaseModel):
 
 
 class TrialScores(BaseModel):
-    """One score per config of the job, in order, for the configs measured so far (NaN: it failed), and the
-    seconds each took (its compile, check and timing)."""
+    """One score per config of the job, in order, for the configs measured so far (NaN: it failed), the
+    seconds each took (its compile, check and timing) and the timed calls its score stands on (1 for a config
+    cut after its first call: HOPELESS_BELOW)."""
 
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
     scores: list[float] = []
     errors: list[str | None] = []
     seconds: list[float] = []
+    repeats: list[int] = []
 
 
 def rate(result: ShapeResult, metric: Metric) -> float:
@@ -108,7 +118,8 @@ def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialS
     labels = {s.label for s in job.shapes}
     found = TrialScores()
     original = table[job.bucket]
-    for cfg in job.configs:
+    reference = math.nan
+    for index, cfg in enumerate(job.configs):
         started = time.monotonic()
         table[job.bucket] = original | cfg
         try:
@@ -117,21 +128,34 @@ def run_trials(job: TrialJob, out: Path, screen: Screen | None = None) -> TrialS
             # first config, the one every other is scored against, read 0.79x its own second measurement, so the
             # search screened candidates 20-25% ahead of the config they were to replace (docs/performance.md
             # HL). A config that raises here raises again below, where its error is recorded.
+            first = math.nan
             with contextlib.suppress(Exception):
-                screen.measure(1, labels)
-            results = screen.measure(job.repeats, labels)
-            failed = [r for r in results if r.check != PASS]
-            error = f"{failed[0].shape.label}: {failed[0].error or 'check FAIL'}" if failed else None
-            score = math.nan if failed else geomean(rate(r, job.metric) for r in results)
+                first = _score(screen.measure(1, labels), job.metric)
+            if index and first < HOPELESS_BELOW * reference:  # False while either is NaN
+                score, error, repeats = first, None, 1
+            else:
+                results = screen.measure(job.repeats, labels)
+                failed = [r for r in results if r.check != PASS]
+                error = f"{failed[0].shape.label}: {failed[0].error or 'check FAIL'}" if failed else None
+                score, repeats = _score(results, job.metric), job.repeats
         except Exception as exc:  # a config the compiler or the launcher refuses: this config fails, not the job
-            score, error = math.nan, f"{type(exc).__name__}: {str(exc)[:200]}"
+            score, error, repeats = math.nan, f"{type(exc).__name__}: {str(exc)[:200]}", 0
         finally:
             table[job.bucket] = original
+        reference = score if index == 0 else reference
         found.scores.append(score)
         found.errors.append(error)
         found.seconds.append(round(time.monotonic() - started, 3))
+        found.repeats.append(repeats)
         atomic_write_text(out, found.model_dump_json())
     return found
+
+
+def _score(results: list[ShapeResult], metric: Metric) -> float:
+    """The geomean of the shapes' rates, NaN where any shape's check did not pass."""
+    if any(r.check != PASS for r in results):
+        return math.nan
+    return geomean(rate(r, metric) for r in results)
 
 
 def serve(requests: TextIO, answers: TextIO) -> None:

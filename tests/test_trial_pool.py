@@ -196,18 +196,19 @@ def test_a_real_trial_under_the_interpreter_scores_each_config(tmp_path):
 
 class ColdScreen:
     """A screen that times a measurement at 0.8x where the GPU idled before it: its first, and the first of each
-    config it has not run before (a compile on the CPU); otherwise at the config's speed, BLOCK_M 64 twice as fast
-    as 32."""
+    config it has not run before (a compile on the CPU); otherwise at the config's speed (ms a pass by BLOCK_M:
+    64 twice as fast as 32, 16 at 0.67x, 128 at 0.2x)."""
 
-    def __init__(self):
+    def __init__(self, ms: dict[int, float] | None = None):
         self.calls, self.seen = 0, set()
+        self.ms = ms or {32: 1.0, 64: 0.5, 16: 1.5, 128: 5.0}
 
     def measure(self, repeats, labels):
         self.calls += 1
         block_m = gemm_tuning.TUNED_TABLE["small"]["BLOCK_M"]
         cold = self.calls == 1 or block_m not in self.seen
         self.seen.add(block_m)
-        ms = (1.0 if block_m == 32 else 0.5) / (0.8 if cold else 1.0)
+        ms = self.ms[block_m] / (0.8 if cold else 1.0)
         timing = Timing(median_ms=ms, stddev_ms=0.0, samples=repeats)
         result = ShapeResult(shape=SHAPE, dims=SHAPE.dims, check=PASS, snrs={}, fwd=timing, bwd=timing,
                              work=(1.0, 1.0))
@@ -221,6 +222,20 @@ def test_no_config_is_scored_on_a_cold_gpu(tmp_path):
     screen = ColdScreen()
     found = run_trials(job(configs=[config(32), config(64), config(32)]), tmp_path / "s.json", screen)
     assert screen.calls == 6 and found.scores[0] == found.scores[2] and found.scores[1] == 2 * found.scores[0]
+
+
+def test_a_config_far_behind_the_reference_is_scored_from_its_first_call(tmp_path):
+    """A config whose first call rates below HOPELESS_BELOW of the job's first config (the reference) is not timed
+    further: its cold first call at 0.16x scores it (1 timed call); one at 0.53x cold (0.67x in fact) is timed in
+    full. A reference that failed cuts nothing."""
+    screen = ColdScreen()
+    found = run_trials(job(configs=[config(32), config(128), config(16)], repeats=4), tmp_path / "s.json", screen)
+    assert screen.calls == 5 and found.repeats == [4, 1, 4] and found.errors == [None] * 3
+    assert found.scores[1] == pytest.approx(0.8 / 5.0 * found.scores[0])
+    assert found.scores[2] == pytest.approx(found.scores[0] / 1.5)
+    found = run_trials(job(configs=[config(32), config(128)], repeats=4), tmp_path / "f.json",
+                       ColdScreen({32: math.nan, 128: 5.0}))
+    assert math.isnan(found.scores[0]) and found.repeats == [4, 4] and found.scores[1] > 0
 
 
 # A worker that takes 2 GiB on its GPU and runs a kernel loop, then hangs (BLOCK_M 999) or dies (GROUP_M -1)
