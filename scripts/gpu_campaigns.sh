@@ -4,7 +4,9 @@
 # benched against the repo's, A B B A, one op a GPU. Carry .whl. Results: $OUT/<op>/results.tgz and
 # $OUT/tables/<op>.py (each campaign's best table, from its best commit).
 #   scripts/gpu_campaigns.sh campaigns MINUTES   # OPS (default: the four GEMM ops), SHAPES_<op> to override a
-#                                                # preset (default: llama3 for the dense ops, headline else)
+#                                                # preset (default: llama3 for the dense ops, headline else),
+#                                                # ALGORITHM the search's (default halving; pattern: the one-knob
+#                                                # walk from the table's configs)
 #   scripts/gpu_campaigns.sh bench DIR           # DIR/<op>.py, a table a campaign left, against the repo's
 source "$(dirname "$0")/gpu_env.sh"
 install_wheels
@@ -22,7 +24,7 @@ for i in "${!OPS[@]}"; do
     cd "/tmp/campaign-$op" || exit 1
     export OUT=$OUT/$op GPUS=$i OP=$op VARIANT=$variant SHAPES=${!override:-$shapes}
     if [ "$1" = campaigns ]; then
-      MINUTES=$2 bash scripts/gpu_search.sh tuned halving > "$WORK/$op.log" 2>&1
+      MINUTES=$2 bash scripts/gpu_search.sh tuned "${ALGORITHM:-halving}" > "$WORK/$op.log" 2>&1
       best=$(python3 -c "import json; print(json.load(open('campaigns/runs/search-$op/state.json'))['best_commit'])")
       git show "$best:kernels/$op/tuning.py" > "$OUT/../tables/$op.py"
     else
