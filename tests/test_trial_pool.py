@@ -20,7 +20,7 @@ from agent.trials import TrialJob, run_trials
 from harness.files import REPO_ROOT
 from harness.quick_test_bench import Screen, ShapeResult, prepare_bench
 from harness.registry import get_spec
-from harness.schema import PASS
+from harness.schema import FAIL, PASS
 from harness.shapes import Shape, load_shapes
 from harness.timing import Timing
 from kernels.gemm import tuning as gemm_tuning
@@ -197,10 +197,10 @@ def test_a_real_trial_under_the_interpreter_scores_each_config(tmp_path):
 class ColdScreen:
     """A screen that times a measurement at 0.8x where the GPU idled before it: its first, and the first of each
     config it has not run before (a compile on the CPU); otherwise at the config's speed (ms a pass by BLOCK_M:
-    64 twice as fast as 32, 16 at 0.67x, 128 at 0.2x)."""
+    64 twice as fast as 32, 16 at 0.67x, 128 at 0.2x); the BLOCK_M values in `wrong` fail their check."""
 
-    def __init__(self, ms: dict[int, float] | None = None):
-        self.calls, self.seen = 0, set()
+    def __init__(self, ms: dict[int, float] | None = None, wrong: frozenset[int] = frozenset()):
+        self.calls, self.seen, self.wrong = 0, set(), wrong
         self.ms = ms or {32: 1.0, 64: 0.5, 16: 1.5, 128: 5.0}
 
     def measure(self, repeats, labels):
@@ -210,8 +210,9 @@ class ColdScreen:
         self.seen.add(block_m)
         ms = self.ms[block_m] / (0.8 if cold else 1.0)
         timing = Timing(median_ms=ms, stddev_ms=0.0, samples=repeats)
-        result = ShapeResult(shape=SHAPE, dims=SHAPE.dims, check=PASS, snrs={}, fwd=timing, bwd=timing,
-                             work=(1.0, 1.0))
+        check, error = (FAIL, "wrong output") if block_m in self.wrong else (PASS, None)
+        result = ShapeResult(shape=SHAPE, dims=SHAPE.dims, check=check, snrs={}, fwd=timing, bwd=timing,
+                             work=(1.0, 1.0), error=error)
         return [result]
 
 
@@ -227,7 +228,8 @@ def test_no_config_is_scored_on_a_cold_gpu(tmp_path):
 def test_a_config_far_behind_the_reference_is_scored_from_its_first_call(tmp_path):
     """A config whose first call rates below HOPELESS_BELOW of the job's first config (the reference) is not timed
     further: its cold first call at 0.16x scores it (1 timed call); one at 0.53x cold (0.67x in fact) is timed in
-    full. A reference that failed cuts nothing."""
+    full. A reference that failed cuts nothing, and a config that computes wrong is never cut: its failure is
+    recorded as every failure is."""
     screen = ColdScreen()
     found = run_trials(job(configs=[config(32), config(128), config(16)], repeats=4), tmp_path / "s.json", screen)
     assert screen.calls == 5 and found.repeats == [4, 1, 4] and found.errors == [None] * 3
@@ -236,6 +238,9 @@ def test_a_config_far_behind_the_reference_is_scored_from_its_first_call(tmp_pat
     found = run_trials(job(configs=[config(32), config(128)], repeats=4), tmp_path / "f.json",
                        ColdScreen({32: math.nan, 128: 5.0}))
     assert math.isnan(found.scores[0]) and found.repeats == [4, 4] and found.scores[1] > 0
+    found = run_trials(job(configs=[config(32), config(128)], repeats=4), tmp_path / "w.json",
+                       ColdScreen(wrong=frozenset({128})))
+    assert math.isnan(found.scores[1]) and found.repeats == [4, 4] and found.errors[1] == "t: wrong output"
 
 
 # A worker that takes 2 GiB on its GPU and runs a kernel loop, then hangs (BLOCK_M 999) or dies (GROUP_M -1)
