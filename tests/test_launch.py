@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.snr import snr_db
 from kernels.common.device import interpreter_mode
 from kernels.common.launch import FastLaunch, fast_launch
 
@@ -124,3 +125,32 @@ def test_the_host_side_block_sizes_agree_with_tritons():
     for n in range(1, 5000):
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
         assert cdiv(n, 128) == triton.cdiv(n, 128), n
+
+
+@pytest.mark.gpu
+def test_a_descriptor_encoded_once_serves_whatever_lies_at_its_address():
+    """The memo of encoded tensor descriptors is keyed on the address, shape, strides and padding a
+    descriptor encodes: new data at an address reads as itself, another shape at the same address gets
+    its own encoding, and a step repeated on the same buffers encodes nothing after its first."""
+    import kernels.gemm.kernel as gemm_module
+    from kernels.gemm import gemm
+
+    def a_encodings() -> int:
+        """Encodings the TMA GEMM's first operand (argument 0) holds, over its compiled launches."""
+        launches = gemm_module._matmul_tma_kernel.compiled.values()
+        assert launches and all(launch.native is not None for launch in launches)  # the native path ran
+        return sum(len(memo) for launch in launches for position, _, memo in launch.descriptors if position == 0)
+
+    torch.manual_seed(0)
+    w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    storage = torch.empty(384 * 512, device="cuda", dtype=torch.bfloat16)  # one address for every x
+    counts = []
+    for rows in (384, 384, 384, 320, 320, 384):
+        x = storage[: rows * 512].view(rows, 512)
+        x.copy_(torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16))  # new data each step
+        out = gemm(x, w, trans_b=True)
+        assert snr_db(out, x.double() @ w.double().t()) > 40, rows
+        counts.append(a_encodings())
+    assert counts[1] == counts[2] >= 1    # the same buffer again: from the memo
+    assert counts[4] == counts[2] + 1     # another shape at that address: its own encoding, once
+    assert counts[5] == counts[4]         # and the first shape's still serves

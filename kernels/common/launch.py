@@ -10,9 +10,16 @@ spends more time on the host than an 8B model's GEMMs take on the GPU. What this
 `fast_launch` keeps the one part that decides which binary runs, Triton's own argument binder (so a
 call specializes exactly as `kernel[grid]` would: pointer alignment, integer divisibility, dtypes,
 constexprs, launch options), and remembers the compiled kernel under that specialization. Later
-calls go straight to the compiled kernel's launcher. The first call of each specialization, every
+calls go straight to the compiled kernel's native launcher. The first call of each specialization, every
 call while a launch hook is set (a profiler such as proton) and every call under the interpreter or
 with TURBO_OPT_TRITON_LAUNCH=triton (for A/B timing) go through `kernel[grid]`.
+
+Host tensor descriptors are encoded once per value. Triton's launcher encodes each one on every call
+(`cuTensorMapEncodeTiled` and the Python around it, two or three a TMA GEMM). The encoding is a pure
+function of the base address, shape, strides and padding, and of the kernel's block and swizzle, which
+the compiled kernel fixes. A training loop's caching allocator hands the same addresses back step after
+step, so after the first step every descriptor comes from the memo. The memo holds addresses, never
+tensors, and keeps at most DESCRIPTORS_KEPT encodings per kernel argument.
 
 Triton's debug and instrumentation knobs are read when a specialization first launches: set them
 before the first call, as Triton's own cache would not notice a change either for a kernel it has
@@ -21,6 +28,7 @@ already compiled under the same options.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -39,7 +47,7 @@ class FastLaunch:
         self.kernel = kernel
         # The interpreter's InterpretedFunction has no compiled kernel to keep.
         self.direct = kernels.DIRECT_LAUNCH and isinstance(kernel, JITFunction)
-        self.compiled: dict[Hashable, Any] = {}
+        self.compiled: dict[Hashable, CompiledLaunch] = {}
 
     def __getitem__(self, grid: tuple[int, ...] | Callable[[dict], tuple[int, ...]]) -> Callable[..., None]:
         if not self.direct:
@@ -68,14 +76,75 @@ class FastLaunch:
             kernel[grid](*args, **kwargs)
             return
         if compiled is None:
-            self.compiled[key] = kernel[grid](*args, **kwargs)
+            self.compiled[key] = CompiledLaunch(kernel[grid](*args, **kwargs))
             return
         if callable(grid):
             grid = grid(bound)
         size = len(grid)
-        compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
-                     driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata,
-                     None, None, None, *bound.values())
+        compiled.launch(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
+                        driver.active.get_current_stream(device), list(bound.values()))
+
+
+DESCRIPTORS_KEPT = 64  # encodings memoized per descriptor argument: a step's few addresses, many times over
+
+
+class CompiledLaunch:
+    """One compiled kernel, launched through the native launcher Triton built for it, its host tensor
+    descriptors encoded once per (address, shape, strides, padding). Where Triton's launcher is not the
+    one this knows (another Triton, a kernel with global or profile scratch, a descriptor the compiler
+    kept no TMA metadata for), every launch goes through it as `kernel[grid]`'s would."""
+
+    def __init__(self, compiled: Any):
+        self.compiled = compiled
+        self.native: Callable[..., None] | None = None
+        # The descriptor arguments' positions, last first (so expanding one leaves the others' in place),
+        # each with its TMA metadata and its memo.
+        self.descriptors: list[tuple[int, dict, dict[tuple, list]]] = []
+        runner = compiled.run
+        encode = getattr(sys.modules[type(runner).__module__], "make_tensordesc_arg", None)
+        if encode is None or getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
+            return
+        launch = runner.launch
+        code = getattr(launch, "__code__", None)
+        if code is None:  # Triton left the native launcher unwrapped: the kernel takes no descriptor
+            self._bind(runner, launch, encode)
+            return
+        # Triton 3.6-3.9 wrap it in a closure over the launcher, the descriptors' positions and their metadata.
+        cells = dict(zip(code.co_freevars, launch.__closure__ or (), strict=True))
+        try:
+            native = cells["launcher"].cell_contents
+            positions = sorted(cells["tensordesc_indices"].cell_contents)
+            metadata = list(cells["tensordesc_meta"].cell_contents)
+        except (KeyError, ValueError, TypeError):
+            return
+        if len(metadata) != len(positions) or any(meta is None for meta in metadata):
+            return
+        self.descriptors = [(i, meta, {}) for i, meta in reversed(list(zip(positions, metadata, strict=True)))]
+        self._bind(runner, native, encode)
+
+    def _bind(self, runner: Any, native: Callable[..., None], encode: Callable[[Any, dict], list]) -> None:
+        self.encode = encode
+        self.prefix = (self.compiled.function, runner.launch_cooperative_grid, runner.launch_pdl, None, None,
+                       self.compiled.packed_metadata, None, None, None)
+        self.native = native
+
+    def launch(self, grid_x: int, grid_y: int, grid_z: int, stream: int, args: list) -> None:
+        """Launch on `stream` with the bound arguments `args` (constexprs included, as Triton binds them)."""
+        if self.native is None:
+            compiled = self.compiled
+            compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
+                         None, None, None, *args)
+            return
+        for position, meta, memo in self.descriptors:
+            desc = args[position]
+            key = (desc.base.data_ptr(), *desc.shape, *desc.strides, desc.padding)
+            encoded = memo.get(key)
+            if encoded is None:
+                if len(memo) >= DESCRIPTORS_KEPT:
+                    memo.clear()
+                encoded = memo[key] = self.encode(desc, meta)
+            args[position:position + 1] = encoded
+        self.native(grid_x, grid_y, grid_z, stream, *self.prefix, *args)
 
 
 def _hooked(hook: Any) -> bool:
