@@ -186,21 +186,23 @@ def compile_rowwise_amax(rows: bool) -> dict[str, int]:
 
 
 def compile_blockwise_ws(token_reduction: bool, accumulate: bool, block_n: int = 128,
-                         stages: int = 4, c_type: str | None = None) -> dict[str, int]:
+                         stages: int = 4, c_type: str | None = None, per_k_block: bool = True) -> dict[str, int]:
     """The warp-specialized blockwise FP8 GEMM (128 x block_n tiles) as the ops launch it: M-grouped
     (the forward and the dgrad: A's scales [rows, K blocks], the weight's [G, N blocks, K blocks]) or the
     token reduction (the wgrad: both operands' scales [token blocks, rows]) into bf16, or adding into a
     main_grad (`c_type`, default an fp32 one); with the shared memory it takes (the H100 gives a CTA 227 KB).
-    The M-grouped walk as the forward launches it, its consumers in turns (PING_PONG)."""
+    The M-grouped walk as the forward launches it, its consumers in turns (PING_PONG); without `per_k_block`,
+    scaled in the epilogue (rowwise: A's scales [rows], the weight's [G, N])."""
     def descriptor(rows: int) -> str:
         return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
     types = {"a_desc": descriptor(64), "b_desc": descriptor(block_n),
              "c_ptr": c_type or ("*fp32" if accumulate else "*bf16"), "sa_ptr": "*fp32", "sb_ptr": "*fp32",
              "offs_ptr": "*i64"}
-    unit_strides = {"stride_sam": 1, "stride_sbn": 1} if token_reduction else {"stride_sak": 1, "stride_sbk": 1}
+    unit_strides = ({"stride_sam": 1, "stride_sbn": 1} if token_reduction or not per_k_block
+                    else {"stride_sak": 1, "stride_sbk": 1})
     constants = {"BLOCK_N": block_n, "GROUP_M": 8, "STAGES": stages, "GROUPED": True,
                  "TOKEN_REDUCTION": token_reduction, "ACCUMULATE": accumulate, "NUM_PROGRAMS": 132,
-                 "PING_PONG": not token_reduction} | unit_strides
+                 "PING_PONG": not token_reduction, "PER_K_BLOCK": per_k_block} | unit_strides
     compiled = _compile(_blockwise_ws_kernel, types, constants)
     ptx = compiled.asm["ptx"]
     return _instructions(ptx) | _ptxas_report(ptx) | {"shared_bytes": compiled.metadata.shared}
@@ -318,6 +320,8 @@ if __name__ == "__main__":
               compile_blockwise_ws(token, acc) for token, acc in ((False, False), (True, False), (True, True))}
     found |= {f"blockwise-ws-m-grouped-256-s{stages}": compile_blockwise_ws(False, False, 256, stages)
               for stages in (3, 4)}
+    found |= {f"ws-m-grouped-rowwise-{n}-s{stages}": compile_blockwise_ws(False, False, n, stages, None, False)
+              for n, stages in ((128, 4), (256, 3), (256, 4))}
     found |= {f"blockwise-ws-wgrad-256{'-accumulate-bf16' if acc else ''}": compile_blockwise_ws(True, acc, 256, 3,
                                                                                                  "*bf16")
               for acc in (False, True)}

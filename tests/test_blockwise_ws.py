@@ -13,6 +13,7 @@ from kernels.common import blockwise_ws
 from kernels.common.fp8 import Granularity, RowGroups, quantize_blocks_2d, quantize_both, quantize_rows
 from kernels.common.scales import Scales
 from kernels.common.tiles import TileConfig
+from kernels.grouped_gemm_fp8.kernel import QuantizedWeight, row_scale_strides
 from kernels.grouped_gemm_fp8.tuning import config_for
 from tests.compiled import compiled_for_hopper
 
@@ -59,24 +60,26 @@ def test_takes_hopper_and_its_scale_layouts_only(device):
 
 def test_compiles_for_hopper_without_spills_or_serialized_wgmmas():
     """Triton's own ptxas (no GPU needed) on the kernel as the ops launch it, M-grouped and as the wgrad's
-    token reduction (fresh and accumulating): E4M3 wgmmas fed by TMA, no register spills, and no
-    serialization (ptxas waits for each wgmma when an instruction may touch one's accumulator in flight,
-    as promoting each K block's product one block late did: 0.6-0.7x on the H100), and 128x256 tiles 4
-    stages deep within an H100's shared memory (the token reduction fresh and adding into a bf16 main_grad,
-    and at 3 into an fp32 one).
+    token reduction (fresh and accumulating), and scaled in the epilogue (rowwise): E4M3 wgmmas fed by TMA,
+    no register spills, and no serialization (ptxas waits for each wgmma when an instruction may touch one's
+    accumulator in flight, as promoting each K block's product one block late did: 0.6-0.7x on the H100),
+    and 128x256 tiles 4 stages deep within an H100's shared memory (the token reduction fresh and adding into
+    a bf16 main_grad, and at 3 into an fp32 one).
     A subprocess, since the kernels must be compiled, not interpreted."""
     cases = ((False, False), (True, False), (True, True), (False, False, 256), (True, False, 256, 3),
-             (True, True, 256, 3, "*bf16"), (True, True, 256, 4, "*bf16"), (True, True, 256, 3, "*fp32"))
+             (True, True, 256, 3, "*bf16"), (True, True, 256, 4, "*bf16"), (True, True, 256, 3, "*fp32"),
+             (False, False, 256, 4, None, False), (False, False, 128, 4, None, False),
+             (True, False, 256, 3, None, False), (True, True, 128, 4, "*fp32", False))
     reports = compiled_for_hopper(f"[hopper_compile.compile_blockwise_ws(*c) for c in {cases!r}]")
     expected = ((128, 4, 2), (128, 4, 2), (128, 4, 4), (256, 4, 2), (256, 3, 2), (256, 3, 2), (256, 4, 2),
-                (256, 3, 4))
+                (256, 3, 4), (256, 4, 2), (128, 4, 2), (256, 3, 2), (128, 4, 4))
     for report, case, (block_n, stages, out_bytes) in zip(reports, cases, expected, strict=True):
         # the 256-wide token reduction: each consumer two 64x128 MMAs a block (its columns, all 128 rows)
-        wide_token_reduction = case[0] and block_n == 256
+        wide_token_reduction = case[0] and block_n == 256 and (len(case) < 6 or case[5])
         assert (report["wgmma_e4m3"], report["tma_loads"]) == (16 if wide_token_reduction else 8, 3), report
         assert report["spill_bytes"] == 0 and report["wgmma_serialized"] == 0, report
         # `supported` bounds the kernel's shared memory from above, and the tested tiles fit an H100
-        bound = blockwise_ws.shared_bytes(block_n, stages, out_bytes, token_reduction=case[0])
+        bound = blockwise_ws.shared_bytes(block_n, stages, out_bytes, case[0], len(case) < 6 or case[5])
         assert report["shared_bytes"] <= bound <= blockwise_ws.SHARED_MEMORY_BYTES, (report, bound)
     assert blockwise_ws.fits(256, 4, 2) and not blockwise_ws.fits(256, 5, 2)
     assert blockwise_ws.fits(256, 4, 2, token_reduction=True) and not blockwise_ws.fits(256, 5, 2, token_reduction=True)
@@ -129,6 +132,33 @@ def test_matches_float64_on_its_operands(name, ping_pong):
     blockwise_ws.blockwise_mm(aq, bq, out, scales, cfg, offs if G > 1 else None, ping_pong)
     assert not out.isnan().any()
     assert snr_db(out, grouped_reference(aq, sa, bq, sb, lens, 128)) >= 45.0  # bf16 rounding of the output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ping_pong", [True, False], ids=["in-turns", "free"])
+@pytest.mark.parametrize("granularity", [Granularity.ROWWISE, Granularity.TENSORWISE], ids=["rowwise", "tensorwise"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_scales_in_the_epilogue_match_float64(name, granularity, ping_pong):
+    """Scales constant along K (rowwise: A's per row, the weight's per group and output column; tensorwise: one
+    of each per group) multiply the sum once, before the store: the MMAs run back to back, one in flight."""
+    lens, N, K, a_dtype, block_n, stages = CASES[name]
+    torch.manual_seed(len(name))
+    G, M = len(lens), sum(lens)
+    aq, sa = quantize_rows(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), a_dtype, granularity)
+    w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
+    weight = QuantizedWeight.quantize(w, False, E4M3, granularity)
+    scales = Scales(sa, row_scale_strides(sa, granularity), weight.scale, weight.strides)
+    cfg = TileConfig(128, block_n, 128, 8, 8, stages)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert blockwise_ws.supported(aq, weight.data, out, scales, cfg)
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int64)
+    blockwise_ws.blockwise_mm(aq, weight.data, out, scales, cfg, offs if G > 1 else None, ping_pong)
+    assert not out.isnan().any()
+    a = aq.double() * sa.double().reshape(-1, 1).expand(M, 1)
+    b_scale = weight.scale.double().reshape(G, -1).expand(G, N)
+    expected = torch.cat([a[start:start + n] @ (weight.data[g].double() * b_scale[g][:, None]).t()
+                          for g, (start, n) in enumerate(zip(offs.tolist(), lens, strict=False))])
+    assert snr_db(out, expected) >= 45.0  # bf16 rounding of the output
 
 
 @pytest.mark.gpu
@@ -233,3 +263,63 @@ def test_token_reduction_matches_float64_on_its_operands(name):
         expected += start.double()
     floor = 55.0 if out_dtype == torch.float32 else 45.0  # FP8 tensor cores' accumulation; the output's rounding
     assert snr_db(out, expected) >= floor
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(TOKEN_CASES))
+def test_token_reduction_scaled_in_the_epilogue_matches_float64(name):
+    """The rowwise wgrad: both operands quantized per row of each group along its tokens (quantize_both's
+    transposed layout, scales [G, rows]), their scales applied once before the store; adding into C, 256-wide
+    tiles narrow to 128 (at 256 the sum and C's tile spill registers)."""
+    lens, grouped, P, Q, out_dtype, accumulate, block_n, stages = TOKEN_CASES[name]
+    torch.manual_seed(len(name))
+    G, T = len(lens), sum(lens)
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int64)
+    groups = RowGroups.tokens(offs) if grouped else RowGroups.equal(1, T)
+    x, y = (quantize_both(torch.randn(T, n, device="cuda", dtype=torch.bfloat16), E4M3, Granularity.ROWWISE, groups,
+                          rows=False) for n in (P, Q))
+    (xt, sx), (yt, sy) = x.cols_t, y.cols_t
+    scales = Scales(sx, (sx.stride(1), sx.stride(0)), sy, (sy.stride(0), sy.stride(1), 0))
+    shape = (G, P, Q) if grouped else (P, Q)
+    start = torch.randn(shape, device="cuda").to(out_dtype)
+    out = start.clone() if accumulate else torch.full(shape, float("nan"), device="cuda", dtype=out_dtype)
+    cfg = blockwise_ws.runnable(xt, yt, out, scales, TileConfig(128, block_n, 128, 8, 8, stages), True, accumulate)
+    assert cfg is not None and (min(block_n, 128) if accumulate else block_n) == cfg.BLOCK_N
+    blockwise_ws.blockwise_token_mm(xt, yt, out, scales, cfg, x.padded_offs if grouped else None, accumulate)
+    assert not out.isnan().any()
+    bounds = x.padded_offs.tolist() if grouped else [0, xt.shape[1]]
+    expected = torch.stack([(xt[:, a:b].double() * sx[g].double()[:, None]) @
+                            (yt[:, a:b].double() * sy[g].double()[:, None]).t()
+                            for g, (a, b) in enumerate(itertools.pairwise(bounds))]).reshape(shape)
+    if accumulate:
+        expected += start.double()
+    floor = 55.0 if out_dtype == torch.float32 else 45.0
+    assert snr_db(out, expected) >= floor
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["grouped-uniform", "grouped-skewed-empty-256", "grouped-e5m2-a-256"])
+def test_a_weight_whose_groups_lie_side_by_side_along_k(name):
+    """The rowwise dgrad's weight: quantize_both's transposed layout, [G, N, K] with each group's K range beside
+    the others' (padded to 128) rather than one group's rows after another's; read through one [N, G * stride]
+    descriptor at column g * stride."""
+    lens, N, K, a_dtype, block_n, stages = CASES[name]
+    torch.manual_seed(len(name))
+    G, M = len(lens), sum(lens)
+    aq, sa = quantize_rows(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), a_dtype, Granularity.ROWWISE)
+    # w [G, K, N] quantized along K (its rows), written transposed: [G, N, K] with K side by side
+    weight = QuantizedWeight.quantize(torch.randn(G, K, N, device="cuda", dtype=torch.bfloat16), True, E4M3,
+                                      Granularity.ROWWISE)
+    assert weight.data.stride(1) == G * weight.data.stride(0) and weight.data.stride(0) >= K
+    scales = Scales(sa, row_scale_strides(sa, Granularity.ROWWISE), weight.scale, weight.strides)
+    cfg = TileConfig(128, block_n, 128, 8, 8, stages)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert blockwise_ws.supported(aq, weight.data, out, scales, cfg)
+    offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int64)
+    blockwise_ws.blockwise_mm(aq, weight.data, out, scales, cfg, offs, ping_pong=False)
+    assert not out.isnan().any()
+    b_scale = weight.scale.double().reshape(G, N)
+    a = aq.double() * sa.double()[:, None]
+    expected = torch.cat([a[start:start + n] @ (weight.data[g].double() * b_scale[g][:, None]).t()
+                          for g, (start, n) in enumerate(zip(offs.tolist(), lens, strict=False))])
+    assert snr_db(out, expected) >= 45.0

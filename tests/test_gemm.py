@@ -138,6 +138,19 @@ def test_tuned_table_lies_in_the_tunable_space():
     assert isinstance(config_for(100, 100, 100), TileConfig)
 
 
+def test_a_knob_some_buckets_hold_is_checked_where_held_and_defaults_elsewhere():
+    """WS (the FP8 ops' warp-specialized kernel) lives in some buckets only: a bucket without it runs the Triton
+    kernels; one holding it must hold a value of the space; a space that does not declare it refuses it."""
+    space = TUNABLE_SPACE | {"WS": (0, 1)}
+    plain = TUNED_TABLE["small"]
+    assert config_from_table({"b": plain}, space, "b").WS == 0
+    assert config_from_table({"b": plain | {"WS": 1}}, space, "b").WS == 1
+    with pytest.raises(ValueError, match="WS=2 is outside the tunable space"):
+        config_from_table({"b": plain | {"WS": 2}}, space, "b")
+    with pytest.raises(ValueError, match="WS=1 is outside the tunable space"):
+        config_from_table({"b": plain | {"WS": 1}}, TUNABLE_SPACE, "b")
+
+
 @pytest.mark.parametrize("trans_b", [True, False])
 def test_every_pass_of_a_layer_asks_for_its_entry(monkeypatch, trans_b, device, half_dtype):
     """The table may split a bucket by layer (`<bucket> <N>x<K>`, the weight's dims): the forward, the dgrad and

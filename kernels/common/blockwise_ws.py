@@ -1,4 +1,5 @@
-"""Blockwise FP8 GEMM on Hopper with warp specialization (Gluon): forward, dgrad and wgrad, dense and grouped.
+"""FP8 GEMM on Hopper with warp specialization (Gluon), blockwise above all: forward, dgrad and wgrad, dense and
+grouped.
 
 Blockwise scaling (1x128 activations, 128x128 weights) promotes each 128-wide K block's product into
 the fp32 accumulator with that block's scales, so every K block's MMA must finish before its
@@ -24,13 +25,21 @@ memory, and an accumulating sum starts from C.
 One kernel, two ways to group (TOKEN_REDUCTION picks):
 
 - M-grouped (the forward and the dgrad, `blockwise_mm`): C[rows_g] = A[rows_g] @ B_g^T with A [tokens, K]
-  and B [G * N, K], A scaled per row and 128-wide K block, B per 128x128 block. A tile may read past its
-  group's last row (or B's last column into the next group's rows): those products only feed outputs
-  the masked store drops.
+  and B [G * N, K] (or [N, G * stride], each group's K range beside the others': `_weight_view`), A
+  scaled per row and 128-wide K block, B per 128x128 block. A tile may read past its group's last row
+  (or B's last column into the next group's rows): those products only feed outputs the masked store
+  drops.
 - Token reduction (the wgrad, `blockwise_token_mm`): C[g] = X_g @ Y_g^T over group g's tokens, X [P,
   tokens] and Y [Q, tokens] both quantized along the tokens (1x128: per row and 128-token block, so the
   promotion scales by an outer product), each group's tokens zero-padded to whole 128-token blocks.
   Every group owns a whole [P, Q] output; an empty group's tiles store zeros (or add nothing).
+
+Scales constant along K (rowwise, tensorwise: PER_K_BLOCK off) take either walk too: the MMAs add into
+one accumulator back to back with one in flight, and the scales multiply the sum once before the store.
+Against the Triton kernels the rowwise passes run on (H200, 2026-11-28, docs/performance.md "The rowwise
+FP8 passes on the warp-specialized kernel"), the GEMMs alone ran 1.00-1.04x the grouped kernel's forwards
+and 0.68-0.86x on a small ragged one; in training microbatches (graphed) the rowwise buckets on it ran
+0.94-1.03x, so the tables keep them on the Triton kernels (WS 0) and the search may move them.
 
 Both operands are fp8 and K-major; a dense GEMM is one group. ACCUMULATE adds into C (fp32 sums, a
 main_grad's gradient accumulation). Gluon kernels do not run in the CPU interpreter; `supported` says
@@ -106,8 +115,8 @@ def _tile_origin(tile, tiles_before, start, end, num_n, BLOCK_N: gl.constexpr, G
 def _tile_at(tile, g, tiles_before, offs_ptr, M, N, K, G,
              BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr):
     """Where `tile` lies, walking on from an earlier tile's (g, tiles_before): its group (G past the last
-    tile), the walk's new state, the tile's first row and column, B's first row, the first K element, the
-    number of K blocks, and the end of the rows the tile may write."""
+    tile), the walk's new state, the tile's first row and column, the first K element, the number of K
+    blocks, and the end of the rows the tile may write."""
     num_n = gl.cdiv(N, BLOCK_N)
     if TOKEN_REDUCTION:  # every group: a whole [M, N] output over its own K range (tokens)
         tiles_g = gl.cdiv(M, BLOCK_M) * num_n
@@ -115,42 +124,45 @@ def _tile_at(tile, g, tiles_before, offs_ptr, M, N, K, G,
         tiles_before = g * tiles_g
         k_start, k_end = _group_rows(offs_ptr, g, K, G, GROUPED)
         row0, col0 = _tile_origin(tile, tiles_before, gl.to_tensor(0), M, num_n, BLOCK_N, GROUP_M)
-        b_row0 = col0
         row_end = gl.to_tensor(M)
     else:  # groups own rows of A; every tile reduces over all of K
         g, tiles_before, start, row_end = _find_group(tile, g, tiles_before, offs_ptr, M, G, num_n, GROUPED)
         row0, col0 = _tile_origin(tile, tiles_before, start, row_end, num_n, BLOCK_N, GROUP_M)
-        b_row0 = g * N + col0
         k_start = gl.to_tensor(0)
         k_end = gl.to_tensor(K)
-    return g, tiles_before, row0, col0, b_row0, k_start, gl.cdiv(k_end - k_start, BLOCK_K), row_end
+    return g, tiles_before, row0, col0, k_start, gl.cdiv(k_end - k_start, BLOCK_K), row_end
 
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
-                    stride_sbn, stride_sbk, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr, NUM_PROGRAMS: gl.constexpr):
+                    stride_sbn, stride_sbk, b_group_rows, b_group_cols, BLOCK_N: gl.constexpr,
+                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+                    TOKEN_REDUCTION: gl.constexpr, NUM_PROGRAMS: gl.constexpr, PER_K_BLOCK: gl.constexpr):
     stage_bytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
     # The wide token reduction's column ratios (see _mma_partition): BLOCK_N // 32 columns a lane.
     ratio_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
     tile = gl.program_id(0)
     it = 0
-    g, tiles_before, row0, col0, b_row0, k0, k_tiles, _row_end = _tile_at(
+    g, tiles_before, row0, col0, k0, k_tiles, _row_end = _tile_at(
         tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
     while g < G:
-        if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+        # B's tile: the token reduction's own tokens; M-grouped, group g's weight, its rows after the earlier
+        # groups' (b_group_rows apart) or its K range beside theirs (b_group_cols apart).
+        b_row0 = col0 if TOKEN_REDUCTION else g * b_group_rows + col0
+        b_k0 = 0 if TOKEN_REDUCTION else g * b_group_cols
+        if _rescales_columns(TOKEN_REDUCTION, BLOCK_N, PER_K_BLOCK):
             cols = col0 + gl.arange(0, BLOCK_N, layout=ratio_layout)
             # A scalar base and int32 offsets: a tensor of 64-bit pointers would take twice the registers.
             sb_base = sb_ptr + (k0 // BLOCK_K).to(gl.int64) * stride_sbk
             prev_b = gl.full([BLOCK_N], 1.0, gl.float32, ratio_layout)
         for kb in range(k_tiles):
             s = it % STAGES
-            if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):  # loaded before the wait: its latency hides there
+            if _rescales_columns(TOKEN_REDUCTION, BLOCK_N, PER_K_BLOCK):  # loaded before the wait: latency hidden
                 cur_b = gl.maximum(gl.load(sb_base + kb * stride_sbk + cols * stride_sbn, mask=cols < N, other=1.0),
                                    MIN_SCALE)
             # A fresh barrier counts as having completed the phase before its first: the first lap passes.
             mbarrier.wait(free.index(s), ((it // STAGES) & 1) ^ 1)
-            if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):  # the block's column ratios, then its scales
+            if _rescales_columns(TOKEN_REDUCTION, BLOCK_N, PER_K_BLOCK):  # the block's column ratios, its scales
                 ratio_bufs.index(2 * s).store(prev_b / cur_b)
                 ratio_bufs.index(2 * s + 1).store(cur_b)
                 prev_b = cur_b
@@ -159,10 +171,10 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_
             k = k0 + kb * BLOCK_K
             _tma_load(a_desc, [row0, k], ready.index(s), a_bufs.index(2 * s))
             _tma_load(a_desc, [row0 + HALF_M, k], ready.index(s), a_bufs.index(2 * s + 1))
-            _tma_load(b_desc, [b_row0, k], ready.index(s), b_bufs.index(s))
+            _tma_load(b_desc, [b_row0, b_k0 + k], ready.index(s), b_bufs.index(s))
             it += 1
         tile += NUM_PROGRAMS
-        g, tiles_before, row0, col0, b_row0, k0, k_tiles, _row_end = _tile_at(
+        g, tiles_before, row0, col0, k0, k_tiles, _row_end = _tile_at(
             tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
 
 
@@ -200,10 +212,10 @@ def _out_layout(out_dtype, block_n, mma_layout, store_layout):
 
 
 @gluon.constexpr_function
-def _rescales_columns(token_reduction, block_n):
+def _rescales_columns(token_reduction, block_n, per_k_block):
     """Whether the token reduction keeps rescaled sums (tiles wider than a scale block, where a separate
     product would not fit in registers: _wide_token_tiles) instead of promoting each block's product."""
-    return token_reduction and block_n > BLOCK_K.value
+    return token_reduction and block_n > BLOCK_K.value and per_k_block
 
 
 @gluon.jit
@@ -278,7 +290,7 @@ def _wide_token_tiles(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, of
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tile = gl.program_id(0)
     it = 0
-    g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+    g, tiles_before, row0, col0, k0, k_tiles, row_end = _tile_at(
         tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, True)
     while g < G:
         cols0 = col0 + HALF * COLS
@@ -334,7 +346,7 @@ def _wide_token_tiles(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, of
         _store_tile(c_ptr, acc_bottom * gl.expand_dims(prev_bottom, 1) * last_b, g, row0 + HALF_M, cols0, row_end,
                     N, stride_cg, stride_cm, HALF_M, COLS, store_layout)
         tile += NUM_PROGRAMS
-        g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+        g, tiles_before, row0, col0, k0, k_tiles, row_end = _tile_at(
             tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, True)
 
 
@@ -344,22 +356,22 @@ def _mma_partition(a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr
                    HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
                    TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
-                   PING_PONG: gl.constexpr):
-    if _rescales_columns(TOKEN_REDUCTION, BLOCK_N):
+                   PING_PONG: gl.constexpr, PER_K_BLOCK: gl.constexpr):
+    if _rescales_columns(TOKEN_REDUCTION, BLOCK_N, PER_K_BLOCK):
         _wide_token_tiles(a_bufs, b_bufs, ratio_bufs, ready, free, c_ptr, sa_ptr, offs_ptr, M, N, K, G, stride_cg,
                           stride_cm, stride_sam, stride_sak, HALF, BLOCK_N, GROUP_M, STAGES, GROUPED, ACCUMULATE,
                           NUM_PROGRAMS)
     else:
         _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G, stride_cg, stride_cm,
                stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, HALF, BLOCK_N, GROUP_M, STAGES, GROUPED,
-               TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS, PING_PONG)
+               TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS, PING_PONG, PER_K_BLOCK)
 
 
 @gluon.jit
 def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G, stride_cg, stride_cm,
            stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
            GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr,
-           ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr, PING_PONG: gl.constexpr):
+           ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr, PING_PONG: gl.constexpr, PER_K_BLOCK: gl.constexpr):
     """A consumer's part of the M-grouped walk and of the token reduction up to a scale block wide: its 64
     rows of each tile."""
     mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
@@ -369,14 +381,14 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tile = gl.program_id(0)
     it = 0
-    g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+    g, tiles_before, row0, col0, k0, k_tiles, row_end = _tile_at(
         tile, gl.to_tensor(0), gl.to_tensor(0), offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
     while g < G:
         rows = row0 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
         row_ok = rows < row_end
         first_block = k0 // BLOCK_K
         sa_ptrs = sa_ptr + rows.to(gl.int64) * stride_sam + first_block * stride_sak
-        if TOKEN_REDUCTION:  # B is scaled per row (column of C) and 128-token block too
+        if TOKEN_REDUCTION and PER_K_BLOCK:  # B is scaled per row (column of C) and 128-token block too
             cols = col0 + gl.arange(0, BLOCK_N, layout=col_layout)
             col_ok = cols < N
             # A scalar base and int32 offsets: a tensor of 64-bit pointers would hold 64 registers a thread.
@@ -397,6 +409,37 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
                 mbarrier.arrive(free.index(s), count=1)
                 acc += part * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
                 it += 1
+        elif not PER_K_BLOCK:
+            # Scales constant along K (rowwise, tensorwise): the MMAs add into one accumulator back to back, one
+            # left in flight; a stage is released once the MMA after it is issued and its own has finished, and
+            # the scales multiply the sum once, before the store. A's scales are indexed [row, group] (the token
+            # reduction's per group; M-grouped, A's rows are the group's own and the group stride is 0), B's
+            # [group, column]. An empty group's (no K blocks) are not read.
+            # B's scales are loaded spread over the warpgroup (a few registers a thread through the K loop; in
+            # the accumulator's column layout they would hold 64, and 256-wide tiles spilled), moved into that
+            # layout after it.
+            spread: gl.constexpr = gl.BlockedLayout([max(BLOCK_N // 128, 1)], [32], [4], [0])
+            cols = col0 + gl.arange(0, BLOCK_N, layout=spread)
+            sa = gl.load(sa_ptr + rows.to(gl.int64) * stride_sam + g.to(gl.int64) * stride_sak,
+                         mask=row_ok & (k_tiles > 0), other=0.0)
+            sb = gl.load(sb_ptr + g.to(gl.int64) * stride_sbg + cols * stride_sbn, mask=(cols < N) & (k_tiles > 0),
+                         other=0.0)
+            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+            for kb in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                _await_turn(turns, it, HALF, STAGES, PING_PONG)
+                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
+                                    is_async=True)
+                _pass_turn(turns, it, HALF, STAGES, PING_PONG)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if kb > 0:
+                    mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1)
+                it += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if k_tiles > 0:
+                mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(gl.convert_layout(sb, col_layout), 0)
         else:
             # The tile's columns lie in one 128x128 weight block, or two (BLOCK_N 256: lo and hi). One
             # accumulator holds the sum so far divided by the current block's scale: rescaled by
@@ -450,7 +493,7 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
         else:
             gl.store(c_ptrs, gl.convert_layout(acc.to(c_ptr.dtype.element_ty), out_layout), mask=mask)
         tile += NUM_PROGRAMS
-        g, tiles_before, row0, col0, _b_row0, k0, k_tiles, row_end = _tile_at(
+        g, tiles_before, row0, col0, k0, k_tiles, row_end = _tile_at(
             tile, g, tiles_before, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M, GROUPED, TOKEN_REDUCTION)
 
 
@@ -458,15 +501,16 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
 @gluon.jit
 def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
                          stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                         b_group_rows, b_group_cols,
                          BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
                          TOKEN_REDUCTION: gl.constexpr, ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
-                         PING_PONG: gl.constexpr):
+                         PING_PONG: gl.constexpr, PER_K_BLOCK: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # The wide token reduction's column ratios and scales, two rows a stage (see _mma_partition); a token
     # stands in elsewhere.
-    ratio_rows: gl.constexpr = 2 * STAGES if _rescales_columns(TOKEN_REDUCTION, BLOCK_N) else 1
-    ratio_cols: gl.constexpr = BLOCK_N if _rescales_columns(TOKEN_REDUCTION, BLOCK_N) else 1
+    ratio_rows: gl.constexpr = 2 * STAGES if _rescales_columns(TOKEN_REDUCTION, BLOCK_N, PER_K_BLOCK) else 1
+    ratio_cols: gl.constexpr = BLOCK_N if _rescales_columns(TOKEN_REDUCTION, BLOCK_N, PER_K_BLOCK) else 1
     ratio_bufs = gl.allocate_shared_memory(gl.float32, [ratio_rows, ratio_cols],
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -482,65 +526,77 @@ def _blockwise_ws_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N, 
         (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N,
                           K, G, stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                           0, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS,
-                          PING_PONG)),
+                          PING_PONG, PER_K_BLOCK)),
         (_mma_partition, (a_bufs, b_bufs, ratio_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, M, N,
                           K, G, stride_cg, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
                           1, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION, ACCUMULATE, NUM_PROGRAMS,
-                          PING_PONG)),
+                          PING_PONG, PER_K_BLOCK)),
         (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ratio_bufs, ready, free, sb_ptr, offs_ptr, M, N, K, G,
-                           stride_sbn, stride_sbk, BLOCK_N, GROUP_M, STAGES, GROUPED, TOKEN_REDUCTION,
-                           NUM_PROGRAMS)),
+                           stride_sbn, stride_sbk, b_group_rows, b_group_cols, BLOCK_N, GROUP_M, STAGES, GROUPED,
+                           TOKEN_REDUCTION, NUM_PROGRAMS, PER_K_BLOCK)),
     ], [4, 1], [232, 40])
 
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _as_rows(b: torch.Tensor) -> torch.Tensor | None:
-    """The weight stack b [G, N, K] as one [G * N, K] view, or None if its strides do not allow one."""
+def _weight_view(b: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
+    """The weight stack b [G, N, K] as one 2-D tensor TMA reads, with where group g's weight starts in it: at
+    row g * N of [G * N, K] (the stack's rows one after another), or at column g * stride of [N, G * stride]
+    (each group's K range beside the others': quantize_both's transposed layout, a rowwise dgrad's weight;
+    past K, up to the stride, the A operand's zero-filled K tail meets it, so it must hold finite values,
+    the layout's zeros). None if b is neither, or TMA cannot read it."""
     G, N, K = b.shape
-    if b.stride(0) != N * b.stride(1) and G > 1:
-        return None
-    rows = b.as_strided((G * N, K), (b.stride(1), b.stride(2)))
-    return rows if tma_layout(rows) is True else None
+    group_stride, n_stride, k_stride = b.stride()
+    if G == 1 or group_stride == N * n_stride:
+        rows = b.as_strided((G * N, K), (n_stride, k_stride))
+        return (rows, N, 0) if tma_layout(rows) is True else None
+    if k_stride == 1 and n_stride == G * group_stride and group_stride >= K:
+        side_by_side = b.as_strided((N, G * group_stride), (n_stride, 1))
+        return (side_by_side, 0, group_stride) if tma_layout(side_by_side) is True else None
+    return None
 
 
-def shared_bytes(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> int:
+def shared_bytes(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False,
+                 per_k_block: bool = True) -> int:
     """An upper bound of the shared memory a launch takes (tests/hopper_compile.py checks it against the
     compiled kernel's): the stage ring (two 64-row A halves and a block_n-row B tile of 128 fp8 each),
     one consumer's 64-row output tile (all block_n columns, or its half of them in the wide token
     reduction), through which the epilogue changes layout, the wide token reduction's column ratios and
     scales (two fp32 rows a stage), and 1 KB for the barriers."""
-    wide = _rescales_columns(token_reduction, block_n)
+    wide = _rescales_columns(token_reduction, block_n, per_k_block)
     ratios = 2 * stages * block_n * 4 if wide else 0
     out_cols = block_n // 2 if wide else block_n
     return (stages * (2 * HALF_M.value + block_n) * BLOCK_K.value + HALF_M.value * out_cols * out_element_size
             + ratios + 1024)
 
 
-def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False) -> bool:
+def fits(block_n: int, stages: int, out_element_size: int, token_reduction: bool = False,
+         per_k_block: bool = True) -> bool:
     """Whether a launch fits a Hopper SM's shared memory (128x256 tiles: 4 stages at most)."""
-    return shared_bytes(block_n, stages, out_element_size, token_reduction) <= SHARED_MEMORY_BYTES
+    return shared_bytes(block_n, stages, out_element_size, token_reduction, per_k_block) <= SHARED_MEMORY_BYTES
 
 
-def fitted(cfg: TileConfig, out: torch.Tensor, token_reduction: bool = False) -> TileConfig:
+def fitted(cfg: TileConfig, out: torch.Tensor, token_reduction: bool = False, per_k_block: bool = True,
+           accumulate: bool = False) -> TileConfig:
     """`cfg` with as many of its stages as fit this kernel's shared memory beside `out`'s tile, 2 at least: a
     table tuned on bf16 outputs may hold 4 stages at 128x256, which an fp32 output (a main_grad) leaves no
-    room for, and this kernel at 3 stages serves such a call where the Triton kernels would otherwise take it."""
+    room for, and this kernel at 3 stages serves such a call where the Triton kernels would otherwise take it.
+    A token reduction scaled in the epilogue and adding into C takes 128-wide tiles: at 256 its sum and C's
+    tile together spill registers (tests/test_blockwise_ws.py)."""
+    if token_reduction and accumulate and not per_k_block and cfg.BLOCK_N > 128:
+        cfg = replace(cfg, BLOCK_N=128)
     stages = cfg.num_stages
-    while stages > 2 and not fits(cfg.BLOCK_N, stages, out.element_size(), token_reduction):
+    while stages > 2 and not fits(cfg.BLOCK_N, stages, out.element_size(), token_reduction, per_k_block):
         stages -= 1
     return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
 
 
 def runnable(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
-             token_reduction: bool = False) -> TileConfig | None:
-    """The config this kernel runs a blockwise GEMM under, the table's `cfg` with its stages fitted beside
-    `out`'s tile (fitted), or None where the kernel does not take the call (supported). Rowwise and
-    tensorwise scales leave at once: every FP8 pass asks."""
-    if not scales.per_k_block:
-        return None
-    cfg = fitted(cfg, out, token_reduction)
+             token_reduction: bool = False, accumulate: bool = False) -> TileConfig | None:
+    """The config this kernel runs an FP8 GEMM under, the table's `cfg` (a bucket with WS 1) with its stages
+    fitted beside `out`'s tile (fitted), or None where the kernel does not take the call (supported)."""
+    cfg = fitted(cfg, out, token_reduction, scales.per_k_block, accumulate)
     return cfg if supported(a, b, out, scales, cfg, token_reduction) else None
 
 
@@ -558,37 +614,42 @@ def triton_tile(cfg: TileConfig) -> TileConfig:
 
 def supported(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
               token_reduction: bool = False) -> bool:
-    """Whether this kernel runs a blockwise GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128
-    blocks) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q, tokens], 1x128 blocks
-    along the tokens, as a's). Both want a Hopper GPU (not the interpreter), fp8 operands TMA reads
-    K-major, a row-major output, and a config that means two 64-row warpgroups (BLOCK_M 128, 8 warps)
-    with BLOCK_N 64, 128 or 256, and stages that fit in shared memory."""
-    # The cheap tests first: the rowwise and tensorwise passes ask on every call, and leave at the first.
+    """Whether this kernel runs an FP8 GEMM under `cfg`: M-grouped `out = a @ b^T` (b [G, N, K], 128x128 blocks
+    or scales constant along K) or, with `token_reduction`, the wgrad `out = a @ b^T` over tokens (b [Q,
+    tokens], 1x128 blocks along the tokens as a's, or a scale per row of each group). Both want a Hopper GPU
+    (not the interpreter), fp8 operands TMA reads K-major, a row-major output, and a config that means two
+    64-row warpgroups (BLOCK_M 128, 8 warps) with BLOCK_N 64, 128 or 256, and stages that fit in shared
+    memory."""
+    # The cheap tests first: every call of a WS bucket asks.
     return (
-        scales.per_k_block and scales.b_out_div == (1 if token_reduction else BLOCK_K.value)
+        scales.b_out_div == (BLOCK_K.value if scales.per_k_block and not token_reduction else 1)
         and BLOCK_M.value == cfg.BLOCK_M and cfg.num_warps == 8
         and cfg.BLOCK_N in (64, 128, 256)
-        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction)
+        and fits(cfg.BLOCK_N, cfg.num_stages, out.element_size(), token_reduction, scales.per_k_block)
         and BLOCK_K.value == cfg.BLOCK_K and not interpreter_mode() and is_hopper(a.device)
         and a.dtype in _FP8_DTYPES and b.dtype in _FP8_DTYPES and a.shape[-1] > 0
         and out.stride(-1) == 1 and tma_layout(a) is True
-        and ((b.ndim == 2 and tma_layout(b) is True) if token_reduction else (b.ndim == 3 and _as_rows(b) is not None))
+        and ((b.ndim == 2 and tma_layout(b) is True) if token_reduction
+             else (b.ndim == 3 and _weight_view(b) is not None))
     )
 
 
-def _launch(a: torch.Tensor, b_rows: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
+def _launch(a: torch.Tensor, b_view: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
             offs: torch.Tensor | None, M: int, N: int, K: int, G: int, tiles: int, token_reduction: bool,
-            accumulate: bool, ping_pong: bool) -> torch.Tensor:
+            accumulate: bool, ping_pong: bool, b_group_rows: int = 0, b_group_cols: int = 0) -> torch.Tensor:
+    """One launch over b's 2-D view (see _weight_view), group g's weight at row g * b_group_rows and column
+    g * b_group_cols of it (M-grouped)."""
     programs = persistent_programs(a.device, tiles)
     bind_context(a.device)
     _blockwise_ws_kernel[(programs,)](
-        descriptor(a, (HALF_M.value, BLOCK_K.value)), descriptor(b_rows, (cfg.BLOCK_N, BLOCK_K.value)),
+        descriptor(a, (HALF_M.value, BLOCK_K.value)), descriptor(b_view, (cfg.BLOCK_N, BLOCK_K.value)),
         out, scales.a, scales.b, a if offs is None else offs,
         M, N, K, G,
         out.stride(0) if out.ndim == 3 else 0, out.stride(-2), *scales.a_strides, *scales.b_strides,
+        b_group_rows, b_group_cols,
         BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, GROUPED=offs is not None,
         TOKEN_REDUCTION=token_reduction, ACCUMULATE=accumulate, NUM_PROGRAMS=programs,
-        PING_PONG=ping_pong, num_warps=4,
+        PING_PONG=ping_pong, PER_K_BLOCK=scales.per_k_block, num_warps=4,
     )
     return out
 
@@ -597,19 +658,20 @@ def blockwise_mm(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scales, cfg: TileConfig,
     offs: torch.Tensor | None = None, ping_pong: bool = False,
 ) -> torch.Tensor:
-    """out[rows_g] = (a[rows_g] @ b[g]^T) promoted per 128-wide K block: a [M, K], b [G, N, K], both fp8
-    K-major, out [M, N]. `offs` (int64 [G + 1], on the device) bounds the groups; None: one group, all
-    of a's rows. The tile is 128 x cfg.BLOCK_N, walked in cfg.GROUP_M bands, cfg.num_stages deep.
-    `ping_pong`: the consumers issue their MMAs in turns (_await_turn), what the forward takes: DeepSeek-V3's
-    forwards ran 1.02-1.06x in turns (GateUP 1278 -> 1350 TFLOPS, 3 stages), their dgrads 0.97-0.98x, the
-    token reduction (which never takes turns) 0.90-0.99x (benchmarks/blockwise_ab.py, H100, 2026-11-27).
-    Check `supported` first."""
+    """out[rows_g] = (a[rows_g] @ b[g]^T) promoted per 128-wide K block (blockwise scales), or scaled once (scales
+    constant along K): a [M, K], b [G, N, K], both fp8 K-major, out [M, N]. `offs` (int64 [G + 1], on the device)
+    bounds the groups; None: one group, all of a's rows. The tile is 128 x cfg.BLOCK_N, walked in cfg.GROUP_M bands,
+    cfg.num_stages deep. `ping_pong`: the consumers issue their MMAs in turns (_await_turn), what the forward takes:
+    DeepSeek-V3's forwards ran 1.02-1.06x in turns (GateUP 1278 -> 1350 TFLOPS, 3 stages), their dgrads 0.97-0.98x,
+    the token reduction (which never takes turns) 0.90-0.99x (benchmarks/blockwise_ab.py, H100, 2026-11-27). Check
+    `supported` first."""
     (M, K), (G, N, _) = a.shape, b.shape
     if M == 0 or N == 0:
         return out
     # Each group adds at most one partial row tile: an upper bound that needs no group sizes.
     tiles = (cdiv(M, BLOCK_M.value) + G) * cdiv(N, cfg.BLOCK_N)
-    return _launch(a, _as_rows(b), out, scales, cfg, offs, M, N, K, G, tiles, False, False, ping_pong)
+    view, group_rows, group_cols = _weight_view(b)
+    return _launch(a, view, out, scales, cfg, offs, M, N, K, G, tiles, False, False, ping_pong, group_rows, group_cols)
 
 
 def blockwise_token_mm(
@@ -618,7 +680,8 @@ def blockwise_token_mm(
 ) -> torch.Tensor:
     """out[g] = x[:, tokens_g] @ y[:, tokens_g]^T (`accumulate`: out[g] += it) promoted per 128-token
     block: x [P, tokens] and y [Q, tokens] fp8, tokens contiguous, scaled per row and 128-token block
-    (`scales.a` indexed [p, block], `scales.b` [0, q, block]). `offs` (int64 [G + 1], on the device):
+    (`scales.a` indexed [p, block], `scales.b` [0, q, block]), or per row of each group, scaled once
+    (`scales.a` indexed [p, g], `scales.b` [g, q, 0]). `offs` (int64 [G + 1], on the device):
     the groups' token ranges, each starting on a 128-token block (quantize_both's padded layout), out
     [G, P, Q]; None: one group of all tokens, out [P, Q]. Check `supported(..., token_reduction=True)`."""
     (P, K), Q = x.shape, y.shape[0]

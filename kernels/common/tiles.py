@@ -5,7 +5,7 @@ tile order."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 import triton
 import triton.language as tl
@@ -21,9 +21,15 @@ class TileConfig:
     GROUP_M: int
     num_warps: int
     num_stages: int
+    # 1: the pass runs on the warp-specialized FP8 kernel (kernels/common/blockwise_ws.py) where that takes the
+    # call; 0: on the Triton kernels. Held only by the FP8 buckets whose pass that kernel can run.
+    WS: int = 0
 
 
-KNOBS: tuple[str, ...] = tuple(f.name for f in fields(TileConfig))
+# Knobs every bucket holds, and those only some do (their default elsewhere: the search never adds a knob to a
+# bucket, agent/config_space.py).
+KNOBS: tuple[str, ...] = tuple(f.name for f in fields(TileConfig) if f.default is MISSING)
+BUCKET_KNOBS: tuple[str, ...] = tuple(f.name for f in fields(TileConfig) if f.default is not MISSING)
 
 
 def config_from_table(
@@ -31,10 +37,12 @@ def config_from_table(
 ) -> TileConfig:
     """The table's config for `bucket`, refused if a knob is missing or outside the tunable space."""
     cfg = table[bucket]
-    for knob in KNOBS:
-        if cfg.get(knob) not in space[knob]:
-            raise ValueError(f"tuned table {bucket}: {knob}={cfg.get(knob)} is outside the tunable space {space[knob]}")
-    return TileConfig(**{knob: cfg[knob] for knob in KNOBS})
+    held = KNOBS + tuple(knob for knob in BUCKET_KNOBS if knob in cfg)
+    for knob in held:
+        if cfg.get(knob) not in space.get(knob, ()):
+            raise ValueError(f"tuned table {bucket}: {knob}={cfg.get(knob)} is outside the tunable space "
+                             f"{space.get(knob, ())}")
+    return TileConfig(**{knob: cfg[knob] for knob in held})
 
 
 # Shape keys a RememberedConfigs keeps before it starts over: a training run asks about a handful.

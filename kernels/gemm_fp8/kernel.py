@@ -9,8 +9,8 @@ types. Each operand is quantized by one kernel of kernels/common/fp8.py, straigh
     wgrad   tokens      grad_out^T           x^T (both quantized along tokens, written transposed)
 
 Where TMA cannot describe an operand (K not a multiple of 16, an odd output width), the grouped
-pointer kernel runs the pass as one group. On Hopper the blockwise passes run the warp-specialized
-kernel of kernels/common/blockwise_ws.py instead (the wgrad as its token reduction).
+pointer kernel runs the pass as one group. On Hopper the passes whose bucket holds WS 1 run the
+warp-specialized kernel of kernels/common/blockwise_ws.py instead (the wgrad as its token reduction).
 """
 
 from __future__ import annotations
@@ -109,18 +109,19 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, scales: Scale
         return out
     # The layer's weight: b for the forward ([N, K]) and the dgrad (its transpose), the output for the wgrad.
     cfg = config_for(pass_name, M, N, granularity, out.shape if pass_name == "wgrad" else b.shape)
-    if scales.per_k_block:  # the warp-specialized kernel takes blockwise scales only: no views made for it else
-        # B scaled per row and 128-wide K block, as A (the wgrad, both operands quantized along the tokens).
-        token_cfg = blockwise_ws.runnable(a, b, out, scales, cfg, token_reduction=True)
+    if cfg.WS and pass_name == "wgrad":  # the warp-specialized kernel's token reduction, where it takes the call
+        token_cfg = blockwise_ws.runnable(a, b, out, scales, cfg, token_reduction=True, accumulate=accumulate)
         if token_cfg is not None:
             return blockwise_ws.blockwise_token_mm(a, b, out, scales, token_cfg, accumulate=accumulate)
-        # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory
-        # tile its pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the
-        # grouped kernel, whose epilogue works in registers.
-        ws_cfg = None if accumulate else blockwise_ws.runnable(a, b[None], out, scales, cfg)
+    elif cfg.WS and not accumulate:  # its M-grouped walk
+        ws_cfg = blockwise_ws.runnable(a, b[None], out, scales, cfg)
         if ws_cfg is not None:
             return blockwise_ws.blockwise_mm(a, b[None], out, scales, ws_cfg, ping_pong=pass_name == "fwd")
+    if scales.per_k_block:
         cfg = blockwise_ws.triton_tile(cfg)
+    # An accumulating epilogue reads C: the persistent TMA kernel's stores go through a shared-memory tile its
+    # pipeline leaves no room beside (262 of 227 KiB on the H100), so it runs on the grouped kernel, whose
+    # epilogue works in registers.
     if not accumulate and tma_layout(a) is True and tma_layout(b) is True and tma_layout(out) is True:
         return launch_tma_k_major(a, b, out, cfg, scales)
     one_group = torch.arange(0, 2 * M, M, device=a.device, dtype=torch.int64)  # [0, M] in one launch

@@ -6,9 +6,12 @@ blockwise promotes once per 128-wide K block, and fp8 rows want 128 bytes. A buc
 is split by an entry `<bucket> <layer class>` (kernels/common/tiles.py, `layer_class`: the weight's two
 dims), that layer's own config, as the grouped ops' tables are.
 
-On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
-kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps;
-the wgrad as its token reduction); the rest run the Triton kernels (blockwise at BLOCK_N <= 128). The forward and
+On Hopper a bucket with WS 1 and a config with BLOCK_M 128 and 8 warps runs the warp-specialized kernel
+of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps; the wgrad as
+its token reduction); the rest run the Triton kernels (blockwise at BLOCK_N <= 128). The blockwise
+buckets hold WS 1. The rowwise ones hold 0: on that kernel (scaled in the epilogue) the llama3 Linear
+microbatches ran 0.94-1.03x (the forward alone ~1.0x, the wgrad 0.92-0.96x; graphed, H200, 2026-11-28,
+docs/performance.md), so the dense TMA kernel keeps them and the search may move them. The forward and
 the dgrad take 128x256 tiles there (dense 8192^3 1.19x its 128x128, 3 stages best; at 2048 x 2048 x
 8192, the small bucket, 434 TFLOPS against 389 on 128x128, 3 and 4 stages alike, and 3 leave room for a
 TMA-store epilogue in `fits`: benchmarks/blockwise_ab.py, H100 2026-11-25). The large wgrad too, since the
@@ -35,21 +38,22 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "GROUP_M": (1, 4, 8, 16),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4, 5),
+    "WS": (0, 1),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 0},
+    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 0},
+    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 0},
+    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 0},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 0},
+    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 0},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 1},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
 }
 
 

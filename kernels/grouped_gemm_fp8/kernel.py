@@ -9,8 +9,8 @@ writes both from one read), and the shared M-grouped or variable-K kernel gets s
     dgrad   N           grad_out, along N         b as [K, N]
     wgrad   tokens      grad_out^T, per group     a^T, per group
 
-On Hopper the blockwise passes run the warp-specialized kernel of kernels/common/blockwise_ws.py
-instead (the wgrad as its token reduction) where the tuned config means its tile.
+On Hopper the passes whose bucket holds WS 1 run the warp-specialized kernel of
+kernels/common/blockwise_ws.py instead (the wgrad as its token reduction) where the config means its tile.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def m_grouped_fp8(
         b_out_div=weight.out_div, per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = config_for(pass_name, out.shape[0], weight.data.shape[0], granularity, weight.data.shape[1:])
-    ws_cfg = None if row_index is not None else blockwise_ws.runnable(xq, weight.data, out, scales, cfg)
+    ws_cfg = blockwise_ws.runnable(xq, weight.data, out, scales, cfg) if cfg.WS and row_index is None else None
     if ws_cfg is not None:
         blockwise_ws.blockwise_mm(xq, weight.data, out, scales, ws_cfg, offs, ping_pong=pass_name == "fwd")
     else:
@@ -261,11 +261,14 @@ def vark_fp8(
         per_k_block=granularity == Granularity.BLOCKWISE,
     )
     cfg = cfg or config_for("wgrad", tokens, out.shape[0], granularity, out.shape[1:])
-    if granularity == Granularity.BLOCKWISE:
-        token_scales = Scales(sx, scales.x_strides[1:], sy, scales.y_strides, per_k_block=True)
-        token_cfg = blockwise_ws.runnable(xt, yt, out, token_scales, cfg, token_reduction=True)
+    if cfg.WS:  # the warp-specialized kernel's token reduction, where it takes the call
+        # A's scales indexed [row, token block] (blockwise) or [row, group] (scaled in the epilogue)
+        x_strides = scales.x_strides[1:] if scales.per_k_block else (scales.x_strides[1], scales.x_strides[0])
+        token_scales = Scales(sx, x_strides, sy, scales.y_strides, per_k_block=scales.per_k_block)
+        token_cfg = blockwise_ws.runnable(xt, yt, out, token_scales, cfg, token_reduction=True, accumulate=accumulate)
         if token_cfg is not None:
             blockwise_ws.blockwise_token_mm(xt, yt, out, token_scales, token_cfg, padded_offs, accumulate)
             return
+    if scales.per_k_block:
         cfg = blockwise_ws.triton_tile(cfg)
     grouped_mm_vark(xt, yt, padded_offs, out, cfg, scales, padded=True, accumulate=accumulate)

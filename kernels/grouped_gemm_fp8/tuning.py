@@ -15,10 +15,12 @@ accumulating), while at 2048 (Qwen3's 16 x 2048) the large bucket is still the b
 wgrad's boundary sits at 2048 tokens where the forward's and dgrad's (whose tokens are M, not the
 reduction) stays at grouped_gemm's 1024.
 
-On Hopper the blockwise passes under a config with BLOCK_M 128 and 8 warps run the warp-specialized
-kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps);
-the rest run the Triton kernels, whose second fp32 tile (each K block's product before its scales)
-spills registers at 128x256. The forward and the dgrad take 128x256 tiles, which that kernel's one
+On Hopper a bucket with WS 1 (every blockwise one) and a config with BLOCK_M 128 and 8 warps runs the
+warp-specialized kernel of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile
+and warps). The rowwise buckets hold WS 0: there the MoE microbatches ran 0.98-1.03x (DeepSeek-V3 1.025x,
+Qwen3 and GPT-OSS 0.98-0.99x; graphed, H200, 2026-11-28, docs/performance.md), within two points of the
+Triton kernels, which keep them until the search finds otherwise. Blockwise passes elsewhere run the Triton
+kernels, whose second fp32 tile (each K block's product before its scales) spills registers at 128x256. The forward and the dgrad take 128x256 tiles, which that kernel's one
 rescaled accumulator affords: 1.13-1.28x its 128x128 on DeepSeek-V3's GateUP and Down and Qwen3's
 Down, 3 stages best, also in the small buckets (DeepSeek-V3's GateUP at 32 x 512 tokens: 1035 TFLOPS
 against 970 at 4 stages and 907 on 128x128; `blockwise_ab.py`, H100 2026-11-25); the MoE loop's
@@ -48,21 +50,22 @@ TUNABLE_SPACE: dict[str, tuple[int, ...]] = {
     "GROUP_M": (1, 4, 8, 16),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4, 5),
+    "WS": (0, 1),
 }
 
 TUNED_TABLE: dict[str, dict[str, int]] = {
-    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
-    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    "fwd/small": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 0},
+    "fwd/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 0},
+    "dgrad/small": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 0},
+    "dgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 0},
+    "wgrad/small": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "WS": 0},
+    "wgrad/large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 0},
+    "fwd/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "fwd/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "dgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "dgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
+    "wgrad/small/blockwise": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "WS": 1},
+    "wgrad/large/blockwise": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "WS": 1},
 }
 
 
