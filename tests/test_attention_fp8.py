@@ -313,6 +313,9 @@ def test_warp_specialized_fp8_forward_on_gpu(case, causal):
 
 @pytest.mark.gpu
 def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
+    """fwd + bwd captured once, replayed on new values: what eager mode computes, and right. The backward is the
+    bf16 one: where the fused backward sums dQ across key blocks by fp32 reductions (Hopper), its last bits
+    follow the order they land in, so dQ equals eager's to rounding only (as in test_attention.py)."""
     q, k, v, g = make(2, 513, 513, 8, 2, 128, 128, torch.bfloat16, "cuda")
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
 
@@ -323,8 +326,14 @@ def test_fp8_forward_step_under_cuda_graph_replay_equals_eager():
         return out, q.grad, k.grad, v.grad
 
     replayed, eager = replay_and_eager(step, (q, k, v))
-    for got, eager_t, want in zip(replayed, eager, reference(q, k, v, g, True), strict=True):
-        assert torch.equal(got, eager_t) and snr_db(got, want) >= FLOOR
+    fused = hopper_ws.supports_backward(q, k, v, g, True, None, False)
+    for name, got, eager_t, want in zip(("out", "dq", "dk", "dv"), replayed, eager, reference(q, k, v, g, True),
+                                        strict=True):
+        if name == "dq" and fused:
+            assert snr_db(got, eager_t.double()) >= 40.0
+        else:
+            assert torch.equal(got, eager_t), name
+        assert snr_db(got, want) >= FLOOR, name
 
 
 # Spills a Triton leaves that were measured not to cost: d128's non-causal persistent backward under 3.6 (K's and

@@ -28,12 +28,12 @@ already compiled under the same options.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 from triton import knobs
+from triton.backends.nvidia import driver as nvidia
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
@@ -101,8 +101,9 @@ class CompiledLaunch:
         # each with its TMA metadata and its memo.
         self.descriptors: list[tuple[int, dict, dict[tuple, list]]] = []
         runner = compiled.run
-        encode = getattr(sys.modules[type(runner).__module__], "make_tensordesc_arg", None)
-        if encode is None or getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
+        encode = getattr(nvidia, "make_tensordesc_arg", None)
+        if (not isinstance(runner, nvidia.CudaLauncher) or encode is None
+                or getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1)):
             return
         launch = runner.launch
         code = getattr(launch, "__code__", None)
