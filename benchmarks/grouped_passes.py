@@ -171,7 +171,8 @@ def sweep_wgrad(label: str, inputs: dict[str, torch.Tensor], granularity: Granul
     rows = []
     for bm, bn, warps, stages in WGRAD_SWEEP_CONFIGS:
         for accumulate in (False, True):
-            cfg = TileConfig(bm, bn, 128, 8, warps, stages)
+            # blockwise on the warp-specialized kernel where it takes the config, as the table's buckets (WS 1)
+            cfg = TileConfig(bm, bn, 128, 8, warps, stages, WS=int(granularity == Granularity.BLOCKWISE))
             run = lambda c=cfg, acc=accumulate: vark_fp8(  # noqa: E731
                 qg.cols_t, qa.cols_t, qg.padded_offs, M, granularity, grad, accumulate=acc, cfg=c)
             name = f"sweep wgrad{'+=' if accumulate else ''} {granularity.value} {bm}x{bn} w{warps} s{stages}"
