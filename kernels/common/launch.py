@@ -86,6 +86,10 @@ class FastLaunch:
 
 
 DESCRIPTORS_KEPT = 64  # encodings memoized per descriptor argument: a step's few addresses, many times over
+# The native launcher's leading arguments as Triton 3.6 lays them out (grid, stream, function, cooperative grid,
+# PDL, global and profile scratch, metadata, launch metadata, enter and exit hooks), which CompiledLaunch passes:
+# a Triton whose launcher takes others (3.9 takes the kernel's arguments as one tuple) launches through its own.
+NATIVE_LEADING_ARGS = "iiiKKppOOOOOO"
 
 
 class CompiledLaunch:
@@ -103,6 +107,7 @@ class CompiledLaunch:
         runner = compiled.run
         encode = getattr(nvidia, "make_tensordesc_arg", None)
         if (not isinstance(runner, nvidia.CudaLauncher) or encode is None
+                or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != NATIVE_LEADING_ARGS
                 or getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1)):
             return
         launch = runner.launch
@@ -110,7 +115,7 @@ class CompiledLaunch:
         if code is None:  # Triton left the native launcher unwrapped: the kernel takes no descriptor
             self._bind(runner, launch, encode)
             return
-        # Triton 3.6-3.9 wrap it in a closure over the launcher, the descriptors' positions and their metadata.
+        # Triton 3.6 wraps it in a closure over the launcher, the descriptors' positions and their metadata.
         cells = dict(zip(code.co_freevars, launch.__closure__ or (), strict=True))
         try:
             native = cells["launcher"].cell_contents
