@@ -36,10 +36,11 @@ One kernel, two ways to group (TOKEN_REDUCTION picks):
 
 Scales constant along K (rowwise, tensorwise: PER_K_BLOCK off) take either walk too: the MMAs add into
 one accumulator back to back with one in flight, and the scales multiply the sum once before the store.
-Against the Triton kernels the rowwise passes run on (H200, 2026-11-28, docs/performance.md "The rowwise
-FP8 passes on the warp-specialized kernel"), the GEMMs alone ran 1.00-1.04x the grouped kernel's forwards
-and 0.68-0.86x on a small ragged one; in training microbatches (graphed) the rowwise buckets on it ran
-0.94-1.03x, so the tables keep them on the Triton kernels (WS 0) and the search may move them.
+Against the Triton kernels the rowwise passes run on (H200, 2026-11-28, docs/performance.md "Descriptors
+encoded once, and the rowwise FP8 passes on the warp-specialized kernel"), the GEMMs alone ran 1.00-1.04x the
+grouped kernel's forwards and 0.68-0.86x on a small ragged one; in training microbatches (graphed) the
+rowwise buckets on it ran 0.92-1.03x, so the tables keep them on the Triton kernels (WS 0) and the search may
+move them.
 
 Both operands are fp8 and K-major; a dense GEMM is one group. ACCUMULATE adds into C (fp32 sums, a
 main_grad's gradient accumulation). Gluon kernels do not run in the CPU interpreter; `supported` says
@@ -372,8 +373,8 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
            stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
            GROUP_M: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, TOKEN_REDUCTION: gl.constexpr,
            ACCUMULATE: gl.constexpr, NUM_PROGRAMS: gl.constexpr, PING_PONG: gl.constexpr, PER_K_BLOCK: gl.constexpr):
-    """A consumer's part of the M-grouped walk and of the token reduction up to a scale block wide: its 64
-    rows of each tile."""
+    """A consumer's part of the M-grouped walk and of the token reduction (promoting per block: up to a scale
+    block wide): its 64 rows of each tile."""
     mma_layout: gl.constexpr = _mma_layout(BLOCK_N)
     store_layout: gl.constexpr = _row_pieces_layout(BLOCK_N)
     out_layout: gl.constexpr = _out_layout(c_ptr.dtype.element_ty, BLOCK_N, mma_layout, store_layout)

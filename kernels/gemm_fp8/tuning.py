@@ -10,7 +10,7 @@ On Hopper a bucket with WS 1 and a config with BLOCK_M 128 and 8 warps runs the 
 of kernels/common/blockwise_ws.py (two 64-row consumer warpgroups: the same tile and warps; the wgrad as
 its token reduction); the rest run the Triton kernels (blockwise at BLOCK_N <= 128). The blockwise
 buckets hold WS 1. The rowwise ones hold 0: on that kernel (scaled in the epilogue) the llama3 Linear
-microbatches ran 0.94-1.03x (the forward alone ~1.0x, the wgrad 0.92-0.96x; graphed, H200, 2026-11-28,
+microbatches ran 0.92-1.03x (the forward on it 0.99-1.03x, every pass 0.92-0.96x; graphed, H200, 2026-11-28,
 docs/performance.md), so the dense TMA kernel keeps them and the search may move them. The forward and
 the dgrad take 128x256 tiles there (dense 8192^3 1.19x its 128x128, 3 stages best; at 2048 x 2048 x
 8192, the small bucket, 434 TFLOPS against 389 on 128x128, 3 and 4 stages alike, and 3 leave room for a
