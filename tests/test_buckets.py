@@ -148,6 +148,13 @@ def test_where_no_config_beats_the_bucket_a_layer_that_wants_its_own_gets_a_spli
     assert outcome.proposal.expected_gain_pct == pytest.approx(100 * ((1.1 / 0.7) ** 0.5 - 1), rel=1e-6)
     tried = json.loads((root / "trials.json").read_text())
     assert set(tried) == {p["bucket"], f"{p['bucket']} 4096x1536", f"{p['bucket']} 4096x3072"}
+    # trials.md: per entry, the best change against the entry's own config, in its timings' terms
+    digest = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in
+              (root / "trials.md").read_text().splitlines() if line.startswith(f"| {p['bucket']}")}
+    assert set(digest) == set(tried)
+    best_change, ratio = digest[key][1:3]
+    assert best_change == "BLOCK_N 256 -> 128" and float(ratio.rstrip("x")) == pytest.approx(1.1 / 0.7, abs=1e-3)
+    assert all(row["base"] == (row["config"] == tried[key][0]["config"]) for row in tried[key])
 
 
 def test_a_split_known_not_to_pay_here_is_not_proposed_again(tmp_path):

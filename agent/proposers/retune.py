@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
@@ -118,14 +119,47 @@ def describe(old: Config, new: Config) -> str:
     return ", ".join(f"{k} {old[k]} -> {v}" for k, v in new.items() if old.get(k) != v)
 
 
-def record(context: RoundContext, bucket: str, result: SearchResult) -> None:
-    """Every config tried and its score, in the round dir (trials.json)."""
-    rows = [{"config": t.config, "score": t.score, "fidelity": t.fidelity} for t in result.trials]
+def record(context: RoundContext, entry: str, result: SearchResult, base: Config) -> None:
+    """Every config tried and its score, in the round dir: trials.json (one trial a line; `base`: the entry's
+    own config, timed in every batch beside the others) and trials.md, what they read against it."""
+    rows = [{"config": t.config, "score": t.score, "fidelity": t.fidelity, "base": t.config == base}
+            for t in result.trials]
     path = context.round_dir / "trials.json"
-    every = (json.loads(path.read_text()) if path.exists() else {}) | {bucket: rows}
+    every = (json.loads(path.read_text()) if path.exists() else {}) | {entry: rows}
     entries = [f" {json.dumps(key)}: [\n" + ",\n".join(f"  {json.dumps(row)}" for row in tried) + "\n ]"
                for key, tried in every.items()]
-    atomic_write_text(path, "{\n" + ",\n".join(entries) + "\n}\n")  # one trial a line
+    atomic_write_text(path, "{\n" + ",\n".join(entries) + "\n}\n")
+    atomic_write_text(context.round_dir / "trials.md", trials_digest(every))
+
+
+def trials_digest(every: dict[str, list[dict]]) -> str:
+    """Each entry's trials against its own config (the median of its timings, one a batch): the configs tried,
+    the best one's change and ratio, and the others' range; a campaign that accepts nothing shows here how
+    flat the space around its table is."""
+    lines = ["# What the search tried", "",
+             "Each config's score over the entry's own config (its median over the batches it was timed in).", "",
+             "| entry | configs tried | best change | its ratio | the others | failed |", "|---|---|---|---|---|---|"]
+    for entry, rows in every.items():
+        own = [row for row in rows if row.get("base")]
+        own_score = statistics.median([r["score"] for r in own if math.isfinite(r["score"])] or [math.nan])
+        if not own or not own_score > 0:
+            lines.append(f"| {entry} | {len(rows)} | its own config was not measured | - | - | - |")
+            continue
+        ratios: dict[str, float] = {}
+        failed = 0
+        for row in rows:
+            if row.get("base"):
+                continue
+            if not math.isfinite(row["score"]):
+                failed += 1
+                continue
+            change = describe(own[0]["config"], row["config"])
+            ratios[change] = max(ratios.get(change, 0.0), row["score"] / own_score)
+        ranked = sorted(ratios.items(), key=lambda item: -item[1])
+        best, others = (ranked[0], ranked[1:]) if ranked else (("-", math.nan), [])
+        spread = f"{min(r for _, r in others):.3f}-{max(r for _, r in others):.3f}x" if others else "-"
+        lines.append(f"| {entry} | {len(ratios) + failed} | {best[0]} | {best[1]:.3f}x | {spread} | {failed} |")
+    return "\n".join(lines) + "\n"
 
 
 def layer_classes(shapes: Sequence[Shape], shape_class: Callable[[dict[str, int]], str] | None
@@ -145,7 +179,7 @@ def class_search(context: RoundContext, algorithm: str, budget: int, measure: Sh
     """The algorithm's search from the bucket's config on one class's shapes alone, recorded as its entry."""
     found = make_search(algorithm, load_space(context.root, context.manifest), budget, seed=context.number) \
         .search(base, measure.on(members))
-    record(context, f"{bucket} {cls}", found)
+    record(context, f"{bucket} {cls}", found, base)
     return found
 
 
@@ -209,7 +243,7 @@ def retune(context: RoundContext, algorithm: str, measure_for: MeasureFactory = 
         with opened(measure_for(context, bucket, shapes)) as measure:
             result = make_search(algorithm, load_space(context.root, context.manifest), budget,
                                  seed=context.number).search(base, measure)
-            record(context, bucket, result)
+            record(context, bucket, result, base)
             if not math.isfinite(result.base_score):
                 # Not "nothing beat it": the screen could not run the table's own config (the op's runner under
                 # capture, the GPU's memory...), so it judged nothing. A round of its own says so.

@@ -188,7 +188,9 @@ class SearchProposer(Proposer):
         if self.algorithm:
             done = ", ".join(state.proposer_state.get("settled", [])) or "none"
             return [f"Buckets the {self.algorithm} search settled (nothing better found, or its winner rolled "
-                    f"back): {done}."]
+                    f"back): {done}.",
+                    f"What each round's trials read against the table's configs: rounds/round-<n>/trials.md (the "
+                    f"last search: round {state.round})."]
         exhausted = state.proposer_state.get("exhausted", [])
         open_families = [d for d in DIRECTIONS if d not in exhausted]
         lines = [f"Knob families not exhausted: {', '.join(open_families) or 'none'}; a new campaign on this "
