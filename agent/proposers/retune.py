@@ -156,9 +156,10 @@ def trials_digest(every: dict[str, list[dict]]) -> str:
             change = describe(own[0]["config"], row["config"])
             ratios[change] = max(ratios.get(change, 0.0), row["score"] / own_score)
         ranked = sorted(ratios.items(), key=lambda item: -item[1])
-        best, others = (ranked[0], ranked[1:]) if ranked else (("-", math.nan), [])
-        spread = f"{min(r for _, r in others):.3f}-{max(r for _, r in others):.3f}x" if others else "-"
-        lines.append(f"| {entry} | {len(ratios) + failed} | {best[0]} | {best[1]:.3f}x | {spread} | {failed} |")
+        best = f"{ranked[0][0]} | {ranked[0][1]:.3f}x" if ranked else "- | -"
+        others = [ratio for _, ratio in ranked[1:]]
+        spread = f"{min(others):.3f}-{max(others):.3f}x" if others else "-"
+        lines.append(f"| {entry} | {len(ratios) + failed} | {best} | {spread} | {failed} |")
     return "\n".join(lines) + "\n"
 
 
