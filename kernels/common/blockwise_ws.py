@@ -255,6 +255,19 @@ def _pass_turn(turns, it, HALF: gl.constexpr, STAGES: gl.constexpr, PING_PONG: g
 
 
 @gluon.jit
+def _stage_mma(a_bufs, b_bufs, ready, turns, acc, it, HALF: gl.constexpr, STAGES: gl.constexpr,
+               PING_PONG: gl.constexpr):
+    """This consumer's MMA of step `it` into `acc`, issued asynchronously once the step's stage has landed, in
+    its turn (see _await_turn): its 64 rows of A times the stage's B tile."""
+    s = it % STAGES
+    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+    _await_turn(turns, it, HALF, STAGES, PING_PONG)
+    acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+    _pass_turn(turns, it, HALF, STAGES, PING_PONG)
+    return acc
+
+
+@gluon.jit
 def _store_tile(c_ptr, acc, g, first_row, col0, row_end, N, stride_cg, stride_cm, ROWS: gl.constexpr,
                 COLS: gl.constexpr, layout: gl.constexpr):
     """C[g]'s [ROWS, COLS] tile at (first_row, col0) = acc, stored in `layout`, masked at the edges."""
@@ -427,12 +440,7 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
                          other=0.0)
             acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
             for kb in range(k_tiles):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                _await_turn(turns, it, HALF, STAGES, PING_PONG)
-                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
-                                    is_async=True)
-                _pass_turn(turns, it, HALF, STAGES, PING_PONG)
+                acc = _stage_mma(a_bufs, b_bufs, ready, turns, acc, it, HALF, STAGES, PING_PONG)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 if kb > 0:
                     mbarrier.arrive(free.index((it + STAGES - 1) % STAGES), count=1)
@@ -469,11 +477,7 @@ def _tiles(a_bufs, b_bufs, ready, free, turns, c_ptr, sa_ptr, sb_ptr, offs_ptr, 
                                               stride_sak, stride_sbn, stride_sbk, BLOCK_N > BLOCK_K)
                 # Rescaled before the wait: the FMULs hide behind it and the other warpgroup's MMA.
                 acc = acc * ratio
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                _await_turn(turns, it, HALF, STAGES, PING_PONG)
-                acc = warpgroup_mma(a_bufs.index(2 * s + HALF), b_bufs.index(s).permute((1, 0)), acc,
-                                    is_async=True)
-                _pass_turn(turns, it, HALF, STAGES, PING_PONG)
+                acc = _stage_mma(a_bufs, b_bufs, ready, turns, acc, it, HALF, STAGES, PING_PONG)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(free.index(s), count=1)
                 it += 1
